@@ -1,10 +1,8 @@
 """Admission to the ingest: liveness work first, a small number of other requests at a time,
 new work refused under overload.
 
-:class:`AdmissionGate` hands out the turns (liveness work first), :class:`LoopShare` bounds the
-loop time of work done in slices, and :func:`shed_reason`, :func:`turn_timeout_reason` and
-:func:`queue_full_reason` say why a request is refused. The rules and their argument:
-docs/design.md, "Admission".
+:class:`AdmissionGate` hands out the turns, :class:`LoopShare` bounds the loop time of work done
+in slices, and the ``*_reason`` functions say why a request is refused. docs/design.md, "Admission".
 """
 
 from __future__ import annotations
@@ -15,10 +13,7 @@ from collections import deque
 import attrs
 import trio
 
-from runtime.settings.control_plane import (
-    DEFAULT_WIRE_WORK_BURST_S,
-    IngestSettings,
-)
+from runtime.settings.control_plane import DEFAULT_WIRE_WORK_BURST_S, IngestSettings
 
 LIVENESS_RPCS = frozenset({"heartbeat", "register_worker", "leave_worker", "presence"})
 """The work that is never shed and may use the reserved connections (``presence``: this
@@ -27,14 +22,9 @@ replica's own liveness record, not an RPC)."""
 
 @attrs.frozen(kw_only=True)
 class Load:
-    """How loaded the ingest is at the moment a request arrives.
-
-    Args:
-        lag_s: the ingest loop's worst lag over the last second, in seconds.
-        in_progress: requests other than liveness work holding a turn.
-        waiting: requests other than liveness work waiting for a turn.
-        would_wait: whether this request would have to wait for its turn.
-    """
+    """How loaded the ingest is as a request arrives: the loop's worst lag over the last second,
+    the requests other than liveness work holding a turn and waiting for one, and whether this
+    request would have to wait."""
 
     lag_s: float
     in_progress: int
@@ -43,20 +33,8 @@ class Load:
 
 
 def shed_reason(rpc: str, load: Load, *, cp_id: str, settings: IngestSettings) -> str | None:
-    """Why ``rpc`` must be refused as it arrives, or None when it may go ahead (see the module
-    docstring, rule 3).
-
-    Args:
-        rpc: the RPC's method name in snake_case, e.g. ``"submit_jobs"``.
-        load: the ingest's load as the request arrives.
-        cp_id: this replica's id, named in the answer.
-        settings: ``shed_lag_s``, ``max_requests_in_progress`` and ``max_waiting_requests``.
-
-    Returns:
-        the busy message for the client, naming the replica, the measures and their limits,
-        e.g. ``"busy: cp-1 is overloaded (event loop lag 0.42 s, limit 0.25 s; 2 requests in
-        progress, limit 2; 14 waiting, limit 16), try another replica"``; None for liveness
-        work, which is never refused.
+    """The busy message refusing ``rpc`` (snake_case) as it arrives under ``load``, naming
+    the replica, the measures and their limits; None when it may go ahead (liveness work always).
     """
     if rpc in LIVENESS_RPCS:
         return None
@@ -72,11 +50,8 @@ def shed_reason(rpc: str, load: Load, *, cp_id: str, settings: IngestSettings) -
 
 
 def admission_wait_s(*, now: float, deadline: float, liveness: bool, settings: IngestSettings) -> float:
-    """How long a request arriving at trio time ``now`` may wait for its turn, in seconds.
-
-    Liveness work waits up to ``settings.liveness_connection_wait_s``, other work up to
-    ``settings.max_admission_wait_s``; neither past its client's ``deadline`` (trio time).
-    """
+    """How long a request arriving at trio time ``now`` may wait for its turn, in seconds: up to
+    ``liveness_connection_wait_s`` or ``max_admission_wait_s``, never past ``deadline``."""
     limit_s = settings.liveness_connection_wait_s if liveness else settings.max_admission_wait_s
     return max(0.0, min(limit_s, deadline - now))
 
@@ -84,19 +59,8 @@ def admission_wait_s(*, now: float, deadline: float, liveness: bool, settings: I
 def turn_timeout_reason(
     rpc: str, *, waited_s: float, in_progress: int, cp_id: str, settings: IngestSettings
 ) -> str:
-    """The busy message for ``rpc``, which waited ``waited_s`` seconds for its turn in vain.
-
-    Args:
-        rpc: the RPC's method name in snake_case.
-        waited_s: how long it waited, in seconds.
-        in_progress: requests holding a turn now.
-        cp_id: this replica's id, named in the answer.
-        settings: ``max_admission_wait_s`` and ``max_requests_in_progress``, named in the answer.
-
-    Returns:
-        e.g. ``"busy: cp-1 had no turn for list_jobs within 1.00 s (limit 1 s; 2 requests in
-        progress, limit 2), try another replica"``.
-    """
+    """The busy message for ``rpc``, which waited ``waited_s`` seconds for its turn in vain
+    while ``in_progress`` requests held one."""
     return (
         f"busy: {cp_id} had no turn for {rpc} within {waited_s:.2f} s "
         f"(limit {settings.max_admission_wait_s:g} s; {in_progress} requests in progress, "
@@ -107,19 +71,8 @@ def turn_timeout_reason(
 def queue_full_reason(
     *, pending: int, counted_s_ago: float, cp_id: str, settings: IngestSettings
 ) -> str | None:
-    """Why a submission must be refused because the pending queue is full, or None.
-
-    Args:
-        pending: jobs pending when last counted.
-        counted_s_ago: how long ago that count was taken, in seconds.
-        cp_id: this replica's id, named in the answer.
-        settings: ``max_pending_jobs`` (0: no limit).
-
-    Returns:
-        e.g. ``"busy: 20013 jobs pending (counted 0.31 s ago), limit 20000 (max_pending_jobs);
-        nothing was stored, try again when the queue is shorter (cp-1)"``, or None while the
-        queue is under the limit.
-    """
+    """The busy message refusing a submission while ``pending`` (counted ``counted_s_ago``
+    seconds ago) reaches ``max_pending_jobs`` (0: no limit), or None."""
     limit = settings.max_pending_jobs
     if not limit or pending < limit:
         return None
@@ -131,18 +84,11 @@ def queue_full_reason(
 
 @attrs.define(eq=False)
 class AdmissionGate:
-    """Turns for the ingest's requests: ``size`` in all (the pool's connections),
-    ``reserved`` of them for liveness work, and at most ``max_other`` for other work.
+    """Turns for the ingest's requests: ``size`` in all (the pool's connections), ``reserved``
+    of them for liveness work (``0 < reserved < size``), and at most ``max_other`` for other work.
 
-    A liveness request may take any free turn; any other request only while fewer than
-    ``min(size - reserved, max_other)`` other requests hold one. Waiting requests are served
-    liveness first, then in arrival order. A released turn is handed to the next waiter
-    directly, so a request arriving later never overtakes one that waits.
-
-    Args:
-        size: turns in all (the pool's size).
-        reserved: turns only liveness requests may take (``0 < reserved < size``).
-        max_other: most turns other requests may hold at once (``max_requests_in_progress``).
+    Waiting requests are served liveness first, then in arrival order; a released turn is handed
+    to the next waiter directly, so a later request never overtakes one that waits.
     """
 
     size: int
@@ -188,10 +134,8 @@ class AdmissionGate:
         return self.held < self.size and self._held_other < self.other_limit
 
     async def acquire(self, *, liveness: bool) -> None:
-        """Take a turn, waiting for one if needed; pair with :meth:`release`.
-
-        A cancelled wait takes no turn.
-        """
+        """Take a turn, waiting for one if needed (a cancelled wait takes none); pair with
+        :meth:`release`."""
         await trio.lowlevel.checkpoint_if_cancelled()
         if not self.would_wait(liveness=liveness):
             self._take(liveness)
@@ -232,17 +176,10 @@ class AdmissionGate:
 
 @attrs.define(kw_only=True)
 class LoopShare:
-    """A token bucket of the ingest loop's time for the CPU work of requests other than
-    liveness work (building, encoding, decoding and checking large messages, in slices).
-
-    Why: docs/design.md, "Admission", rule 5.
-
-    Tokens (seconds of loop time) accrue at ``share`` per second of wall time, up to
-    ``burst_s``; a slice spends what it took; a negative balance is paid back by pausing.
-
-    Args:
-        share: the fraction of the loop's time the slices may take (0 < share <= 1).
-        burst_s: the most time saved up while idle, in seconds.
+    """A token bucket of the ingest loop's time for the sliced CPU work of requests other than
+    liveness work (docs/design.md, "Admission", rule 5): tokens (seconds of loop time) accrue at
+    ``share`` per second up to ``burst_s``; a slice spends what it took; a negative balance is
+    paid back by pausing (0 < ``share`` <= 1).
     """
 
     share: float
@@ -256,10 +193,4 @@ class LoopShare:
         accrued_s = max(0.0, now - self.updated_at) * self.share
         self.tokens_s = min(self.burst_s, self.tokens_s + accrued_s - used_s)
         self.updated_at = now
-        return pause_for_share_s(tokens_s=self.tokens_s, share=self.share)
-
-
-def pause_for_share_s(*, tokens_s: float, share: float) -> float:
-    """How long slices must pause to pay back a balance of ``tokens_s`` seconds when tokens
-    accrue at ``share`` per second, in seconds (0 for a balance that is not negative)."""
-    return max(0.0, -tokens_s) / share
+        return max(0.0, -self.tokens_s) / self.share

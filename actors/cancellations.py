@@ -27,9 +27,8 @@ from runtime.errors import DatabaseUnavailable, StaleEpoch
 from runtime.reply import Reply
 
 CANCEL_REPLY_WAIT_S = 60.0
-"""How long a cancellation waits for the dispatcher's reply (its calls end within
-``rpc_timeout_s``): one it never sends, lost with a dispatcher that restarted, frees its
-assignments for a later pass after this long instead of holding them for the term."""
+"""How long a cancellation waits for the dispatcher's reply: one lost with a dispatcher that
+restarted frees its assignments for a later pass after this long."""
 
 TIMED_OUT = "timeout"
 """The reason of the leader's stops of runs past their timeout (and their assignments' end)."""
@@ -48,11 +47,8 @@ def ending_message(
     reply: Reply[tuple[int, ...]],
 ) -> EndAssignments | EndDrainedAssignments:
     """The fenced write that ends ``assignment_ids``, which their worker acknowledged
-    cancelling, for ``reason``: a drain's (:data:`DRAINED`) requeues without a loss or a
-    backoff (:class:`EndDrainedAssignments`); any other ends them as cancelled and, with
-    ``requeue``, counts a loss and waits the backoff of ``requeue_backoff_caps_s``
-    (:class:`EndAssignments`); a timeout's (:data:`TIMED_OUT`) spends an attempt and retries or
-    fails the job (:class:`EndAssignments` with ``timed_out``)."""
+    cancelling, for ``reason``: :class:`EndDrainedAssignments` for :data:`DRAINED`, else
+    :class:`EndAssignments` (``timed_out`` for :data:`TIMED_OUT`)."""
     if reason == DRAINED:
         return EndDrainedAssignments(epoch=epoch, assignment_ids=assignment_ids, reply=reply)
     return EndAssignments(
@@ -72,13 +68,9 @@ Write = Callable[[Callable[[Reply[Any]], LedgerInbox]], Awaitable[Any]]
 
 @attrs.define
 class Cancellations:
-    """The cancellations on workers of one term, each a task in the pass's background nursery.
-
-    A worker that answers slowly or not at all holds up only its own cancellation (for up to
-    the dispatcher's ``rpc_timeout_s``), never the next pass. An assignment whose cancellation
-    is in flight is not asked again until that one ends; the tasks of a term are cancelled
-    (:meth:`stop`) when the replica steps down or is elected under a new epoch.
-    """
+    """The cancellations on workers of one term, each a task in the pass's background nursery,
+    so a slow worker never holds up the next pass. An assignment whose cancellation is in
+    flight is not asked again until that one ends."""
 
     dispatcher: trio.MemorySendChannel[DispatcherInbox]
     write: Write
@@ -103,7 +95,6 @@ class Cancellations:
         epoch: int,
         worker: WorkerRef,
         group: Sequence[Delivery],
-        *,
         requeue: bool,
         reason: str,
         requeue_backoff_caps_s: tuple[float, ...],
@@ -142,25 +133,16 @@ class Cancellations:
         """``cancel`` (:meth:`_cancel` of ``ids`` on ``worker``) as a task of its own, in
         ``scope`` (which ``_in_flight`` maps those assignments to until it ends); a refused or
         failed ending is logged (a later pass asks again), not raised."""
+        logger = self._log.bind(worker_id=worker.worker_id, assignment_ids=ids)
         with scope:
             try:
                 await cancel()
             except StaleEpoch as exc:
-                self._log.info(
-                    "cancellation's ending refused: deposed",
-                    epoch=exc.epoch,
-                    epoch_seen=exc.epoch_seen,
-                    worker_id=worker.worker_id,
-                    assignment_ids=ids,
+                logger.info(
+                    "cancellation's ending refused: deposed", epoch=exc.epoch, epoch_seen=exc.epoch_seen
                 )
             except DatabaseUnavailable as exc:
-                self._log.warning(
-                    "cancellation's ending failed",
-                    epoch=epoch,
-                    worker_id=worker.worker_id,
-                    assignment_ids=ids,
-                    error=str(exc),
-                )
+                logger.warning("cancellation's ending failed", epoch=epoch, error=str(exc))
             finally:
                 for assignment_id in ids:
                     if self._in_flight.get(assignment_id) is scope:

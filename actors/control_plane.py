@@ -55,10 +55,9 @@ class ControlPlaneHandle:
 
 
 async def _apply_schema_with_retry(settings: ControlPlaneSettings) -> None:
-    """Apply the schema, again and again while the database cannot be reached (capped
-    exponential backoff with full jitter: ``schema_retry_base_s`` up to ``schema_retry_max_s``),
-    logging ``database unreachable`` once, then a reminder every 10 s
-    (:class:`runtime.outage.OutageLog`), and ``database reachable again`` when it answers."""
+    """Apply the schema, again with capped backoff (``schema_retry_base_s`` up to
+    ``schema_retry_max_s``) while the database cannot be reached, logging the outage
+    (:class:`runtime.outage.OutageLog`)."""
     outage = OutageLog(log.get("control_plane"), settings.database_url)
 
     async def attempt() -> None:
@@ -80,12 +79,9 @@ async def run_control_plane(
     gc_pauses: GcPauses | None = None,
     task_status: trio.TaskStatus[ControlPlaneHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run one replica until cancelled. Needs the asyncio bridge open (see :func:`main`).
-
-    ``task_status.started`` gets a :class:`ControlPlaneHandle` once every actor is up.
-    ``gc_pauses`` times the process's garbage collections while the replica runs (None: one
-    that only times them; :func:`main`, which owns the process, passes one that also freezes
-    each full collection's survivors).
+    """Run one replica until cancelled, with the asyncio bridge open; ``task_status.started``
+    gets a :class:`ControlPlaneHandle` once every actor is up. ``gc_pauses`` times the process's
+    garbage collections (None: one that only times them).
 
     Raises:
         ActorGaveUp: an actor crashed more often than ``policy`` allows.
@@ -97,6 +93,7 @@ async def run_control_plane(
     placer_roles_send, placer_roles_recv = trio.open_memory_channel[RoleChange](16)
     reconciler_roles_send, reconciler_roles_recv = trio.open_memory_channel[RoleChange](16)
 
+    client_tls = None if settings.tls is None else ClientTls(settings.tls)
     console = None
     if settings.http_port is not None:
         console = Console(
@@ -125,20 +122,16 @@ async def run_control_plane(
         advertise_address=settings.advertise_address,
         console_url=None if console is None else console.url,
         tls=None if settings.tls is None else server_context(settings.tls),
-        worker_tls=None if settings.tls is None else ClientTls(settings.tls),
+        worker_tls=client_tls,
     )
     ledger = Ledger(
-        cp_id=settings.cp_id,
-        database_url=settings.database_url,
-        settings=settings.ledger,
-        inbox=ledger_recv,
-        lease_inbox=lease_send,
+        settings.cp_id, settings.database_url, settings.ledger, inbox=ledger_recv, lease_inbox=lease_send
     )
     dispatcher = Dispatcher(
         settings=settings.dispatch,
         inbox=dispatch_recv,
         lease_inbox=lease_send,
-        calls=GrpcWorkerCalls(tls=None if settings.tls is None else ClientTls(settings.tls)),
+        calls=GrpcWorkerCalls(tls=client_tls),
     )
     main_lag = LoopLag(loop="main")
     main_token = trio.lowlevel.current_trio_token()
@@ -167,8 +160,7 @@ async def run_control_plane(
             lease_loop.post(_send_or_drop, lease_inbox_send, message)
 
     def decider(roles: trio.MemoryReceiveChannel[RoleChange]) -> dict[str, Any]:
-        """What the placer and the reconciler are both given: their role, where their fenced
-        writes go and how large they may be, and the dispatcher."""
+        """What the placer and the reconciler are both given."""
         return {
             "role": RoleView(changes=roles, lease_inbox=lease_send),
             "ledger": ledger_send,
@@ -177,7 +169,6 @@ async def run_control_plane(
         }
 
     def store_named(actor: str) -> dict[str, str]:
-        """Where an actor's read store connects, and the name its connections go by."""
         return {
             "database_url": settings.database_url,
             "application_name": f"stockade {settings.cp_id} {actor}",
@@ -252,10 +243,9 @@ def main(
     metrics_port: int | None = None,
     nice: int = priority.DEFAULT_NICE,
 ) -> None:
-    """Run a replica as a process: logs to stderr, Prometheus metrics on its listen host's
-    ``metrics_port`` when given, exits cleanly on SIGTERM or SIGINT (releasing the lease if it holds it, so a
-    standby takes over at once). Asks for the CPU priority ``nice`` first, before any thread
-    starts (:mod:`runtime.priority`)."""
+    """Run a replica as a process: logs to stderr, Prometheus metrics on ``metrics_port`` when
+    given, the CPU priority ``nice`` asked for before any thread starts; exits cleanly (releasing
+    the lease) on SIGTERM or SIGINT."""
     log.configure(json=json_logs, cp_id=settings.cp_id)
     priority.ask_for_priority(nice, log=log.get("control_plane"))
     if metrics_port:
@@ -275,9 +265,5 @@ def main(
                 "garbage collection thresholds", young=young, middle=middle, oldest=oldest
             )
 
-    async def _main() -> None:
-        # Signals are watched from the start, so a replica still waiting for its database
-        # (or stuck starting an actor) stops on SIGTERM too.
-        await run_until_signal(serve, logger=log.get("control_plane"))
-
-    trio.run(_main)
+    # Signals are watched from the start: a replica still waiting for its database stops too.
+    trio.run(partial(run_until_signal, serve, logger=log.get("control_plane")))

@@ -85,11 +85,7 @@ class WatchStore(Protocol):
     """What the watch reads."""
 
     async def sample(self, tables: Iterable[str]) -> DatabaseSample:
-        """The oldest open transaction and the rows of ``tables``.
-
-        Raises:
-            DatabaseUnavailable: the database did not answer.
-        """
+        """The oldest open transaction and the rows of ``tables``; raises DatabaseUnavailable."""
 
     async def close(self) -> None:
         """Close the store's connection (a later read opens another)."""
@@ -107,16 +103,13 @@ class PgWatchStore(ReadStore):
         conn = await self._connection()
         oldest = await conn.fetchrow(queries.OLDEST_TRANSACTION)
         rows = await conn.fetch(queries.TABLE_ROWS, list(tables))
+        transaction = None
+        if oldest is not None:
+            age_s, pid = max(0.0, float(oldest["age_s"])), int(oldest["pid"])
+            fields = {k: oldest[k] for k in ("application_name", "client", "state")}
+            transaction = OpenTransaction(age_s=age_s, pid=pid, **fields)
         return DatabaseSample(
-            oldest=None
-            if oldest is None
-            else OpenTransaction(
-                age_s=max(0.0, float(oldest["age_s"])),
-                pid=int(oldest["pid"]),
-                application_name=oldest["application_name"],
-                client=oldest["client"],
-                state=oldest["state"],
-            ),
+            oldest=transaction,
             tables=tuple(
                 TableRows(table=r["table_name"], live_rows=int(r["live_rows"]), dead_rows=int(r["dead_rows"]))
                 for r in rows
@@ -126,9 +119,8 @@ class PgWatchStore(ReadStore):
 
 @attrs.define
 class DatabaseWatch:
-    """The actor: samples every ``settings.sample_interval_s`` until cancelled (the first
-    sample at once), exports the sample, and logs each threshold crossed (see the module
-    docstring). It owns ``store`` and closes it on the way out."""
+    """The actor: samples every ``settings.sample_interval_s`` (the first at once), exports the
+    sample, and logs each threshold crossed. It owns ``store`` and closes it on the way out."""
 
     settings: DatabaseWatchSettings
     store: WatchStore

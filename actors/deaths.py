@@ -22,9 +22,8 @@ def judged_dead_after_s(age: HeartbeatAge, dead_after_s: float) -> float:
 
 def contact_gap_for_s(ages: Iterable[HeartbeatAge], settings: ReconcilerSettings) -> float:
     """How long the leader's reads may be interrupted before silence counts anew (seconds):
-    ``contact_gap_s`` as a share of ``dead_after_s``, applied to the shortest dead_after a
-    worker is judged by now (:func:`judged_dead_after_s`), never less than ``contact_gap_s``
-    (why a share: docs/design.md, "Outages", the leader counts silence only while it could hear)."""
+    ``contact_gap_s`` scaled by the shortest judged dead_after over ``dead_after_s``, never less
+    than ``contact_gap_s`` (docs/design.md, "Outages")."""
     shortest_s = min(
         (judged_dead_after_s(a, settings.dead_after_s) for a in ages), default=settings.dead_after_s
     )
@@ -34,9 +33,8 @@ def contact_gap_for_s(ages: Iterable[HeartbeatAge], settings: ReconcilerSettings
 @attrs.frozen
 class TokenBucket:
     """Tokens for dead-worker declarations at trio time ``at``: one per declaration, refilled
-    at a steady rate up to a burst (the token bucket of Kubernetes' rate limiters,
-    k8s.io/client-go/util/flowcontrol, which the node lifecycle controller uses for
-    ``--node-eviction-rate``)."""
+    at a steady rate up to a burst (Kubernetes' k8s.io/client-go/util/flowcontrol, as the node
+    lifecycle controller uses it for ``--node-eviction-rate``)."""
 
     tokens: float
     at: float
@@ -83,32 +81,17 @@ def judge_deaths(
 ) -> DeathVerdict:
     """Which silent workers to name dead in this pass.
 
-    A worker is silent when its last recorded heartbeat is older than the dead_after it is judged
-    by (:func:`judged_dead_after_s`: ``dead_after_s``, or longer when the heartbeat interval the
-    cluster told it asks for it). None is
-    named while more than ``mass_silence_fraction`` of the alive workers, and at least
-    ``mass_silence_min_workers``, have been silent for ``suspect_after_s`` (half of
-    ``dead_after_s`` by default) at once: the fault is then more likely on the control plane's
-    side (its database, its network, its own load) than on so many workers. Counting from the
-    shorter span sees workers cut off together as one event, before the first of them would be
-    named (their last heartbeats are up to a heartbeat interval apart).
-    Otherwise the longest silent are named, as many as ``bucket`` allows (``death_burst`` at
-    once, ``deaths_per_s`` after). Both rules are those of Kubernetes' node lifecycle
-    controller (kubernetes.io/docs/concepts/architecture/nodes/#rate-limits-on-eviction:
-    ``--node-eviction-rate``; a zone with at least ``--unhealthy-zone-threshold`` of its nodes,
-    and no fewer than 3, not ready evicts at a lower rate or, in a small cluster, not at all;
-    with every node not ready it evicts nothing). Holding a declaration back is always safe: a
-    silent worker fences itself after ``self_fence_after_s``, and the fenced declaration
-    re-checks the silence by database time when it is made.
+    A worker is silent past the dead_after it is judged by (:func:`judged_dead_after_s`). None
+    is named while more than ``mass_silence_fraction`` of the alive workers, and at least
+    ``mass_silence_min_workers``, have been silent for ``suspect_after_s`` at once (the fault is
+    more likely the control plane's); otherwise the longest silent, as many as ``bucket`` allows.
+    Both rules are Kubernetes' node lifecycle controller's
+    (kubernetes.io/docs/concepts/architecture/nodes/#rate-limits-on-eviction). Holding a
+    declaration back is always safe: a silent worker fences itself.
 
-    Args:
-        ages: every alive worker incarnation and its heartbeat age (seconds, database time).
-        settings: ``dead_after_s``, ``death_burst``, ``deaths_per_s``,
-            ``mass_silence_fraction``, ``mass_silence_min_workers``.
-        bucket: the declarations' tokens as the previous pass left them.
-        now: trio time of this pass (seconds).
-        hold_on_mass_silence: False once a mass silence has lasted ``mass_silence_max_s``:
-            it is still reported, but no longer holds the declarations.
+    ``ages``: every alive worker incarnation's heartbeat age (database time); ``bucket``: as the
+    previous pass left it; ``now``: trio time. With ``hold_on_mass_silence`` False (a mass
+    silence lasted ``mass_silence_max_s``) a mass silence is reported but holds nothing back.
     """
     silent = sorted(
         (a for a in ages if a.age_s > judged_dead_after_s(a, settings.dead_after_s)),
@@ -119,9 +102,8 @@ def judge_deaths(
     # A worker judged by a longer dead_after is suspect after as large a share of it.
     share = settings.suspect_s / settings.dead_after_s
     suspects = sum(1 for a in ages if a.age_s > share * judged_dead_after_s(a, settings.dead_after_s))
-    mass = suspects >= settings.mass_silence_min_workers and suspects > settings.mass_silence_fraction * len(
-        ages
-    )
+    mass = suspects >= settings.mass_silence_min_workers
+    mass = mass and suspects > settings.mass_silence_fraction * len(ages)
     allowed = 0 if mass and hold_on_mass_silence else min(len(pairs), bucket.whole)
     return DeathVerdict(
         declare=pairs[:allowed], held=pairs[allowed:], mass_silence=mass, alive=len(ages), bucket=bucket
@@ -130,21 +112,11 @@ def judge_deaths(
 
 @attrs.define
 class SilenceFloor:
-    """From when (database time) the leader counts workers' silence: the rule that keeps an
-    outage from being taken for the death of every worker (DESIGN.md, "Outages").
-
-    A worker's silence counts from the latest of its last recorded heartbeat, the database
-    server's start (in the reads' SQL), and this floor, which moves to the database's ``now()``:
-
-    - on the first pass of an epoch (a takeover: the new leader did not watch the time before,
-      which may have been an outage, as after a database failover);
-    - on the first pass after the leader's reads were interrupted for more than
-      ``contact_gap_s`` (its database was unreachable, or it was stalled);
-    - when a mass silence ends (Kubernetes' node lifecycle controller, too, gives every node of
-      a zone a fresh grace when the zone leaves full disruption).
-
-    Moving the floor only ever delays a declaration, which is safe (the silent worker paused
-    or stopped its jobs long before): the fence of invariant 7 does not depend on it.
+    """From when (database time) the leader counts workers' silence, so that an outage is not
+    taken for the death of every worker (docs/design.md, "Outages"). The floor moves to the
+    database's ``now()`` on the first pass of an epoch, on the first pass after the leader's
+    reads were interrupted for more than the contact gap, and when a mass silence ends. Moving
+    it only ever delays a declaration, which is safe.
     """
 
     floor_unix_s: float | None = None

@@ -18,16 +18,7 @@ from runtime.settings.leader import ReconcilerSettings
 def resend_due(age_s: float, *, first_after_s: float, interval_s: float) -> bool:
     """Whether a pass re-sends an unconfirmed assignment ``age_s`` seconds after its commit:
     when its age passed ``first_after_s * 2**k`` (some k >= 0) since the previous pass,
-    ``interval_s`` earlier. So it is re-sent at 1, 2, 4, 8 ... times ``first_after_s``: a
-    retry that backs off exponentially, with no state per assignment (each assignment's commit
-    time spreads the re-sends of a batch committed over several rounds).
-
-    Args:
-        age_s: seconds since the commit (database time).
-        first_after_s: the first re-send's age.
-        interval_s: the time since the previous pass looked (a late pass still re-sends what
-            passed a threshold meanwhile).
-    """
+    ``interval_s`` earlier: exponential backoff with no state per assignment."""
     if age_s < first_after_s:
         return False
     threshold = first_after_s * 2.0 ** math.floor(math.log2(age_s / first_after_s))
@@ -74,22 +65,12 @@ def plan_deliveries(
 ) -> DeliveryPlan:
     """Which unconfirmed assignments a pass re-sends and which it withdraws: a pure function.
 
-    An assignment unconfirmed for ``cancel_unconfirmed_after_s`` (at least
-    :data:`WITHDRAW_AFTER_INTERVALS` heartbeat intervals) or more is withdrawn; a younger one is
-    re-sent on the first pass of a leader's reign (the previous leader may have died between
-    commit and send) and otherwise when :func:`resend_due` says so (at 1, 2, 4 ... times
-    ``redispatch_after_s``, or :data:`RESEND_AFTER_INTERVALS` heartbeat intervals when that is
-    longer: a worker confirms with its next heartbeat, so a re-send sooner only adds calls to a
-    dispatcher that a large cluster keeps busy); the rest are left alone. No assignment is both.
-
-    Args:
-        unconfirmed: the active assignments no heartbeat has confirmed, with their ages
-            (seconds since the commit, database time).
-        settings: ``redispatch_after_s`` and ``cancel_unconfirmed_after_s``.
-        first_pass: whether this is the first pass under the current epoch.
-        since_last_read_s: seconds since the previous pass read the unconfirmed assignments
-            (trio time; ``inf`` before any).
-        heartbeat_interval_s: the workers' heartbeat interval in force (0: not counted).
+    One unconfirmed for ``cancel_unconfirmed_after_s`` (at least :data:`WITHDRAW_AFTER_INTERVALS`
+    heartbeat intervals) is withdrawn; a younger one is re-sent on the first pass under an epoch
+    (the previous leader may have died between commit and send), else when :func:`resend_due`
+    says so from ``redispatch_after_s`` (at least :data:`RESEND_AFTER_INTERVALS` heartbeat
+    intervals). ``since_last_read_s``: since the previous pass read them (``inf`` before any);
+    ``heartbeat_interval_s``: the interval in force (0: not counted).
     """
     first_after_s = max(settings.redispatch_after_s, RESEND_AFTER_INTERVALS * heartbeat_interval_s)
     withdraw_after_s = max(

@@ -1,10 +1,8 @@
 """Waiting jobs: dependencies (``after``) and the limit of an array's tasks running at once.
 
-The leader settles them in its reconcile pass: :func:`plan_waiting` decides from the waiting jobs
-the reconciler read (:class:`WaitingJob`), and the ledger writes the plan
-(``queries.SETTLE_WAITING_JOBS``, which re-checks each rule on the rows as they are at commit).
-A new job's state and reason at submission are ``queries.SUBMIT_JOB``'s alone. The rules, and why
-they are Slurm's ``afterok`` and array throttle: docs/design.md, "Dependencies and arrays".
+The leader settles them in its reconcile pass: :func:`plan_waiting` decides, and the ledger
+writes the plan (``queries.SETTLE_WAITING_JOBS`` re-checks each rule at commit). The rules (Slurm's
+``afterok`` and array throttle): docs/design.md, "Dependencies and arrays".
 """
 
 from __future__ import annotations
@@ -76,19 +74,10 @@ class WaitingPlan:
 
 
 def plan_waiting(waiting: Iterable[WaitingJob], *, most: int) -> WaitingPlan:
-    """Which waiting jobs to cancel and which to make pending now (docs/design.md, "Dependencies
-    and arrays": a dependency failed or cancelled cancels the job, naming the lowest such one; all
-    succeeded make it pending, an array's tasks only within its limit, lowest index first).
-
-    Args:
-        waiting: waiting jobs, read together (each task's ``array_active`` counted in the same
-            read); any order.
-        most: the most jobs the plan may name (a fenced write's rows).
-
-    Returns:
-        At most ``most`` jobs: cancellations first, then releases, each by job id (an array's
-        tasks by index).
-    """
+    """Which of ``waiting`` (read together, any order) to cancel and which to make pending now:
+    a failed or cancelled dependency cancels the job, naming the lowest such one; all succeeded
+    make it pending, an array's tasks only within its limit, lowest index first. At most ``most``
+    jobs, cancellations first, each by job id."""
     cancel: list[tuple[int, int]] = []
     ready: list[WaitingJob] = []
     for job in sorted(waiting, key=lambda j: (j.array_id or 0, j.array_index, j.job_id)):

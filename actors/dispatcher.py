@@ -1,14 +1,13 @@
 """The dispatcher: the leader's gRPC calls to workers (Assign batches, Cancel).
 
-Receives :class:`Dispatch` (fire and forget: a lost batch is re-sent by the reconciler, the
-worker deduplicates by assignment id) and :class:`CancelOnWorker` (answered with the ids the
-worker acknowledged). Calls run concurrently, at most ``max_concurrent_calls`` at once, each
-with a deadline. A worker that refuses with ``stale_epoch`` has seen a newer epoch: the lease
-keeper is told (:class:`EpochSuperseded`). Protobuf stops here.
+:class:`Dispatch` is fire and forget (the reconciler re-sends a lost batch; the worker
+deduplicates); :class:`CancelOnWorker` is answered with the ids the worker acknowledged. At most
+``max_concurrent_calls`` at once; a ``stale_epoch`` refusal tells the lease keeper.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Protocol
 
 import attrs
@@ -57,13 +56,8 @@ class WorkerCalls(Protocol):
 
 @attrs.define
 class GrpcWorkerCalls:
-    """:class:`WorkerCalls` over real gRPC, one cached channel per worker and address.
-
-    With ``tls`` every call is mutual TLS with this replica's certificate, and a channel
-    accepts only the certificate of the worker the request names (``worker`` role, its id):
-    an assignment never reaches a process that holds another worker's certificate, whatever
-    address that worker registered.
-    """
+    """:class:`WorkerCalls` over real gRPC, one cached channel per worker and address; with
+    ``tls``, mutual TLS that accepts only the certificate of the worker the request names."""
 
     tls: ClientTls | None = None
     _channels: dict[tuple[str, str], GrpcChannel] = attrs.field(factory=dict)
@@ -85,13 +79,8 @@ class GrpcWorkerCalls:
         return await channel.call(channel.stub(pb.WorkerStub).cancel, request, timeout_s=timeout_s)
 
     async def connect(self, address: str, worker_id: str, timeout_s: float) -> None:
-        """Open the connection to ``worker_id`` at ``address`` now (TLS handshake included),
-        so its first call does not wait for it.
-
-        Raises:
-            StockadeError: it could not be opened within ``timeout_s`` (see
-                :meth:`runtime.aio.GrpcChannel.connect`).
-        """
+        """Open the connection to ``worker_id`` at ``address`` now, so its first call does not
+        wait for it; raises StockadeError when not open within ``timeout_s``."""
         await self._channel(address, worker_id).connect(timeout_s=timeout_s)
 
     def close(self) -> None:
@@ -138,10 +127,8 @@ class Dispatcher:
 
     def _stale(self, epoch: int, epoch_seen: int) -> None:
         if epoch_seen > epoch:
-            try:
+            with contextlib.suppress(trio.WouldBlock):
                 self.lease_inbox.send_nowait(EpochSuperseded(epoch=epoch, epoch_seen=epoch_seen))
-            except trio.WouldBlock:
-                pass
 
     async def _connect(self, message: Connect) -> None:
         """Open the connections ``message`` names, one after the other (a background task
@@ -202,13 +189,9 @@ class Dispatcher:
         try:
             reply = await self.calls.cancel(w.address, request, self.settings.rpc_timeout_s)
         except StockadeError as exc:
+            ids = {"job_ids": list(message.job_ids), "assignment_ids": list(message.assignment_ids)}
             self._log.warning(
-                "cancel failed",
-                epoch=message.epoch,
-                worker_id=w.worker_id,
-                job_ids=list(message.job_ids),
-                assignment_ids=list(message.assignment_ids),
-                error=str(exc),
+                "cancel failed", epoch=message.epoch, worker_id=w.worker_id, **ids, error=str(exc)
             )
             message.reply.set(())
             return
@@ -216,10 +199,11 @@ class Dispatcher:
             self._stale(message.epoch, reply.epoch_seen)
         if reply.finished_ids:
             # Ended on their own first: their outcome, from a heartbeat, decides their jobs.
+            ended = list(reply.finished_ids)
             self._log.info(
                 "cancel came after the jobs ended",
                 epoch=message.epoch,
                 worker_id=w.worker_id,
-                assignment_ids=list(reply.finished_ids),
+                assignment_ids=ended,
             )
         message.reply.set(tuple(reply.acknowledged_ids))

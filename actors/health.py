@@ -9,6 +9,7 @@ rule comes from: docs/design.md, "Where a retry goes, and workers whose runs fai
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Sequence
 
 import attrs
@@ -95,10 +96,8 @@ class Evidence:
     newest first."""
     excused: tuple[Run, ...]
     """Its failures that are the jobs' (:meth:`Cluster.excused`)."""
-    failed_jobs: frozenset[int]
-    """The jobs of the counted failures."""
     strong_jobs: frozenset[int]
-    """Those of them that succeeded on another worker."""
+    """The jobs of the counted failures that succeeded on another worker."""
     others_failed: int
     others_runs: int
     """The other workers' judged runs that ended within the span, and how many of them failed."""
@@ -122,8 +121,7 @@ def kinds(run: Run) -> tuple[tuple[str, object], ...]:
 @attrs.frozen
 class Cluster:
     """Every judged run, indexed: by kind, the workers where one failed and where one
-    succeeded; and all the runs' ages (sorted) and those of the failures, to count the runs
-    that ended within a span."""
+    succeeded; and the sorted ages of all the runs and of the failures."""
 
     failed_on: dict[tuple[str, object], set[str]]
     succeeded_on: dict[tuple[str, object], set[str]]
@@ -151,18 +149,15 @@ class Cluster:
         return any(on.get(key, set()) - {worker_id} for key in kinds(run))
 
     def excused(self, run: Run, worker_id: str) -> bool:
-        """Whether a failed ``run`` on ``worker_id`` is the job's doing, not its worker's: the
-        same job, or a sibling (:func:`kinds`), failed on another worker too (among the judged
-        runs, or :attr:`Run.failed_elsewhere` for the job's own runs beyond them), and the job
-        did not succeed on another worker."""
+        """Whether a failed ``run`` on ``worker_id`` is the job's doing: it or a sibling failed
+        on another worker too, and the job did not succeed on another worker."""
         if not run.failed or run.succeeded_elsewhere:
             return False
         return run.failed_elsewhere or self.elsewhere(self.failed_on, run, worker_id)
 
     def contrasted(self, run: Run, worker_id: str) -> bool:
         """Whether a failed ``run`` on ``worker_id`` is held against it: the job succeeded on
-        another worker, or the failure is not :meth:`excused` and a sibling succeeded on another
-        worker. A failure of a job whose kind ran nowhere else says nothing either way."""
+        another worker, or the failure is not :meth:`excused` and a sibling succeeded on another."""
         if not run.failed:
             return False
         if run.succeeded_elsewhere:
@@ -171,14 +166,11 @@ class Cluster:
 
 
 def evidence(w: WorkerRuns, cluster: Cluster) -> Evidence:
-    """The :class:`Evidence` against ``w``: its successes and the failures
-    :meth:`Cluster.contrasted` with the other workers' judged runs (any of them: a sibling that
-    failed there before this worker's span began is as much the job's doing), its rate against
-    theirs over its span only (runs that ended no earlier than its oldest judged run: older
-    successes elsewhere say nothing of a batch that fails now)."""
+    """The :class:`Evidence` against ``w``: its successes and its :meth:`Cluster.contrasted`
+    failures, and the others' runs over its span only (older successes elsewhere say nothing of
+    a batch that fails now)."""
     span_s = max((r.age_s for r in w.runs), default=0.0)
     counted = tuple(r for r in w.runs if not r.failed or cluster.contrasted(r, w.worker_id))
-    failed = [r for r in counted if r.failed]
     own_failed = sum(1 for r in w.runs if r.failed)
     # Every run of w ended within its span: the others' are the cluster's within it but w's.
     others_runs = bisect.bisect_right(cluster.ages_s, span_s) - len(w.runs) if w.runs else 0
@@ -186,8 +178,7 @@ def evidence(w: WorkerRuns, cluster: Cluster) -> Evidence:
     return Evidence(
         counted=counted,
         excused=tuple(r for r in w.runs if cluster.excused(r, w.worker_id)),
-        failed_jobs=frozenset(r.job_id for r in failed),
-        strong_jobs=frozenset(r.job_id for r in failed if r.succeeded_elsewhere),
+        strong_jobs=frozenset(r.job_id for r in counted if r.failed and r.succeeded_elsewhere),
         others_failed=others_failed,
         others_runs=others_runs,
     )
@@ -195,9 +186,7 @@ def evidence(w: WorkerRuns, cluster: Cluster) -> Evidence:
 
 def mark_reason(e: Evidence) -> str:
     """Why a worker with this evidence is unhealthy: ``unhealthy: 8 of the last 10 runs failed
-    (other workers meanwhile: 1 of 40; 3 of those jobs succeeded elsewhere), last: exit code 2``
-    (the runs counted: not the failures that are the jobs'; the other workers' runs over the
-    same span; the part after ``;`` only when a job that failed there succeeded elsewhere)."""
+    (other workers meanwhile: 1 of 40; 3 of those jobs succeeded elsewhere), last: exit code 2``."""
     failed = [r for r in e.counted if r.failed]
     last = failed[0].detail[:MAX_DETAIL_CHARS] if failed else ""
     strong = f"; {len(e.strong_jobs)} of those jobs succeeded elsewhere" if e.strong_jobs else ""
@@ -208,19 +197,9 @@ def mark_reason(e: Evidence) -> str:
     )
 
 
-def stands_out(failed: int, runs: int, others_failed: int, others_runs: int, factor: float) -> bool:
-    """Whether ``failed`` of ``runs`` is at least ``factor`` times the other workers' rate
-    (``others_failed`` of ``others_runs``; 0 when they have none)."""
-    if not runs:
-        return False
-    others_rate = others_failed / others_runs if others_runs else 0.0
-    return failed / runs >= factor * others_rate
-
-
 def failing_here(runs: Sequence[Run], s: ReconcilerSettings) -> bool:
-    """Whether failures among ``runs`` are enough for a mark: runs of at least
-    ``health_min_failed_jobs`` jobs failed, and at least ``health_min_failure_rate`` of
-    ``runs``."""
+    """Whether runs of at least ``health_min_failed_jobs`` jobs failed among ``runs``, and at
+    least ``health_min_failure_rate`` of them."""
     failed = [r for r in runs if r.failed]
     return (
         bool(runs)
@@ -230,43 +209,28 @@ def failing_here(runs: Sequence[Run], s: ReconcilerSettings) -> bool:
 
 
 def makes_a_case(e: Evidence, s: ReconcilerSettings) -> bool:
-    """Whether the evidence marks a worker: :func:`failing_here` of its counted runs, and
-    either the other workers ran at least ``health_min_compared_runs`` runs over the same span
-    and its rate is at least ``health_rate_factor`` times theirs, or they ran fewer (nothing to
-    compare with: its jobs fail faster than theirs end) and at least ``health_min_failed_jobs``
-    of the jobs that failed there succeeded elsewhere."""
+    """Whether the evidence marks a worker: :func:`failing_here` of its counted runs, and either
+    the other workers ran at least ``health_min_compared_runs`` runs over the span and its rate
+    is at least ``health_rate_factor`` times theirs, or they ran fewer and at least
+    ``health_min_failed_jobs`` of the jobs that failed there succeeded elsewhere."""
     if not failing_here(e.counted, s):
         return False
     if e.others_runs >= s.health_min_compared_runs:
-        return stands_out(e.failed, len(e.counted), e.others_failed, e.others_runs, s.health_rate_factor)
+        others_rate = e.others_failed / e.others_runs if e.others_runs else 0.0
+        return e.failed / len(e.counted) >= s.health_rate_factor * others_rate
     return len(e.strong_jobs) >= s.health_min_failed_jobs
 
 
 def judge_health(workers: Sequence[WorkerRuns], settings: ReconcilerSettings) -> HealthVerdict:
-    """Which workers to mark unhealthy, and which marks to clear: a pure function.
+    """Which workers to mark unhealthy, and which marks to clear: a pure function of every
+    alive worker's judged runs and the ``health_*`` thresholds (docs/design.md, "Where a retry
+    goes, and workers whose runs fail").
 
-    A worker is marked only on evidence that its failures are its own, not the jobs'. A failure
-    there counts only when the job succeeded on another worker, or a sibling (the same array,
-    or the same command) did and neither the job nor a sibling failed on another worker
-    (:meth:`Cluster.contrasted`, :meth:`Cluster.excused`). A healthy worker is marked when
-    :func:`makes_a_case` (the counted failures are of enough jobs and a large enough share of
-    its runs, and they stand out against the other workers' runs over the same span, or, when
-    those are too few to compare, the jobs succeeded elsewhere) and another worker that takes
-    placements would stay healthy (a lone worker is never marked: there is nothing to compare
-    it with, and nowhere else to go).
-
-    A marked worker is cleared when its newest run that ended after the mark succeeded, or when
-    its failures would suffice for a mark but no longer do once those that turned out to be the
-    jobs' are left out (:meth:`Cluster.excused`: the same jobs or siblings failed on other workers
-    too). A batch that fails on the other workers after the mark does not clear it (it excuses
-    only failures of the same jobs or their siblings), nor do runs that aged out of the window
-    (the probe decides then). It is marked again (its probe waits anew) when that newest run
-    failed and counts against it. Workers are judged in id order, each against the marks
-    already made in this judgement.
-
-    Args:
-        workers: every alive worker with its judged runs (see :class:`WorkerRuns`).
-        settings: the ``health_*`` thresholds.
+    A healthy worker is marked when :func:`makes_a_case` and another worker that takes
+    placements would stay healthy (a lone worker is never marked). A marked worker is cleared
+    when its newest run after the mark succeeded, or when its failures suffice for a mark only
+    with those :meth:`Cluster.excused` counted; it is marked again when that newest run failed
+    and counts against it. Workers are judged in id order, each against the marks already made.
 
     Returns:
         The changes, in worker id order, and the workers unhealthy once they are written.
@@ -278,17 +242,14 @@ def judge_health(workers: Sequence[WorkerRuns], settings: ReconcilerSettings) ->
     cluster = Cluster.of(ordered)
     for w in ordered:
         e = evidence(w, cluster)
+        change = functools.partial(HealthChange, worker_id=w.worker_id, version=w.version)
         if not w.unhealthy:
             rest_healthy = any(
                 o.takes_placements and o.worker_id not in unhealthy for o in ordered if o is not w
             )
             if rest_healthy and makes_a_case(e, s):
                 unhealthy.add(w.worker_id)
-                changes.append(
-                    HealthChange(
-                        worker_id=w.worker_id, version=w.version, unhealthy=True, reason=mark_reason(e)
-                    )
-                )
+                changes.append(change(unhealthy=True, reason=mark_reason(e)))
             continue
         after = [r for r in w.runs if r.after_mark]
         if after and not after[0].failed:
@@ -299,18 +260,10 @@ def judge_health(workers: Sequence[WorkerRuns], settings: ReconcilerSettings) ->
                 f"{len(w.runs)} runs failed where they did not)"
             )
         elif after and after[0] in e.counted:
-            changes.append(
-                HealthChange(
-                    worker_id=w.worker_id,
-                    version=w.version,
-                    unhealthy=True,
-                    reason=mark_reason(e),
-                    renewed=True,
-                )
-            )
+            changes.append(change(unhealthy=True, reason=mark_reason(e), renewed=True))
             continue
         else:
             continue
         unhealthy.discard(w.worker_id)
-        changes.append(HealthChange(worker_id=w.worker_id, version=w.version, unhealthy=False, reason=why))
+        changes.append(change(unhealthy=False, reason=why))
     return HealthVerdict(changes=tuple(changes), unhealthy=tuple(sorted(unhealthy)))

@@ -3,16 +3,10 @@ together, in one statement (``record_heartbeats`` in schema.sql; docs/design.md,
 heartbeats").
 
 A handler hands its heartbeat over (:meth:`HeartbeatGrouper.record`) and waits for its own
-answer. The grouper closes a group ``wait_s`` after its first heartbeat arrived, or at once when
-it holds ``max_heartbeats``, and records it by ``record_group`` in a task of its own, so the next
-group gathers meanwhile. At most ``groups_in_flight`` statements run at once: a group whose wait
-ended while they all run keeps gathering until one ends, so groups grow with the load and a
-saturated database gets fewer, larger statements rather than a queue of small ones. A worker
-appears at most once in a group: a second heartbeat of the same worker waits for the next group.
-Every member gets its own row; when the statement fails, every member gets that error (a copy of
-it), as it would have alone. A handler that stops waiting (its client gave up) changes nothing
-for the others: its heartbeat is left out if its group has not started its statement yet, else
-recorded with the group and its answer dropped.
+answer. A group closes ``wait_s`` after its first heartbeat, or at ``max_heartbeats``, and is
+recorded in a task of its own; while ``groups_in_flight`` statements run, the next keeps
+gathering, so a saturated database gets fewer, larger statements. A worker appears at most once
+in a group. When the statement fails, every member gets (a copy of) its error.
 """
 
 from __future__ import annotations
@@ -42,8 +36,7 @@ class GroupedBeat:
     dead_after_in_use_ms: int = 0
     """The dead_after the worker's fence is derived from, in ms (0: none)."""
     deadline: float = math.inf
-    """Trio time at which its client stops waiting for the answer (inf: never): a heartbeat
-    whose deadline passed before its group got a connection is not recorded."""
+    """Trio time at which its client stops waiting for the answer (inf: never)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -53,8 +46,7 @@ class GroupAnswer:
     alive: bool
     """False: the incarnation is not alive (re-register)."""
     skipped: bool = False
-    """True: its worker's row was locked by another transaction and nothing was recorded; the
-    caller records the heartbeat alone."""
+    """Its worker's row was locked by another transaction: nothing recorded (record it alone)."""
     stop_assignment_ids: tuple[int, ...] = ()
     current_epoch: int = 0
     database_unix_s: float = 0.0
@@ -77,8 +69,7 @@ class GroupMember:
 
     beat: GroupedBeat
     withdrawn: bool = False
-    """Its handler stopped waiting (its client gave up): a group that has not started recording
-    leaves it out, as a request that has not started does no database work."""
+    """Its handler stopped waiting: a group that has not started recording leaves it out."""
     done: trio.Event = attrs.field(factory=trio.Event)
     answer: GroupAnswer | None = None
     error: BaseException | None = None
@@ -91,16 +82,9 @@ class GroupMember:
 
 @attrs.define
 class HeartbeatGrouper:
-    """Gathers heartbeats into groups and records each group with one call.
-
-    Args:
-        record_group: records one group (a database statement; a test scripts it).
-        wait_s: how long a group gathers after its first heartbeat, in seconds (> 0).
-        max_heartbeats: most members of one group (>= 1).
-        queue_heartbeats: heartbeats waiting for a group beyond which :meth:`record` waits
-            for room.
-        groups_in_flight: most group statements running at once (>= 1).
-    """
+    """Gathers heartbeats into groups and records each group with one ``record_group`` call
+    (see the module docstring); ``queue_heartbeats``: heartbeats waiting for a group beyond
+    which :meth:`record` waits for room."""
 
     record_group: RecordGroup
     wait_s: float
@@ -144,10 +128,8 @@ class HeartbeatGrouper:
                 nursery.start_soon(self._record, group)
 
     async def _gather(self, carried: list[GroupMember]) -> tuple[list[GroupMember], list[GroupMember]]:
-        """The next group (heartbeats of distinct workers, at most ``max_heartbeats``) and the
-        heartbeats left for the one after it (a second heartbeat of a member's worker, or more
-        than fit), those ``carried`` over from the last first, in their order. Returns holding
-        one statement slot, which :meth:`_record` gives back."""
+        """The next group and the heartbeats left for the one after it, those ``carried`` over
+        from the last first. Returns holding one statement slot, which :meth:`_record` gives back."""
         group: list[GroupMember] = []
         workers: set[str] = set()
         later: list[GroupMember] = []
@@ -185,16 +167,11 @@ class HeartbeatGrouper:
     async def _record(self, gathered: list[GroupMember]) -> None:
         """Record ``gathered`` (its withdrawn members left out), holding one of the statement
         slots its gathering acquired, and give the slot back."""
+        group = [member for member in gathered if not member.withdrawn]
         try:
-            await self._record_members([member for member in gathered if not member.withdrawn])
-        finally:
-            self._slots.release()
-
-    async def _record_members(self, group: list[GroupMember]) -> None:
-        if not group:
-            return
-        metrics.HEARTBEAT_GROUP_HEARTBEATS.observe(len(group))
-        try:
+            if not group:
+                return
+            metrics.HEARTBEAT_GROUP_HEARTBEATS.observe(len(group))
             try:
                 answers = await self.record_group(group)
                 if len(answers) != len(group):
@@ -214,12 +191,12 @@ class HeartbeatGrouper:
             # Cancelled (the ingest stops): nobody is left waiting.
             for member in group:
                 member.settle(None, DatabaseUnavailable("heartbeat not recorded: the ingest is stopping"))
+            self._slots.release()
 
 
 def _own_copy(exc: Exception) -> Exception:
-    """A copy of ``exc`` for one member (same type, message, cause and traceback): raising one
-    instance in many tasks would pile every task's traceback onto it. ``exc`` itself when it
-    does not copy faithfully."""
+    """A copy of ``exc`` for one member (raising one instance in many tasks would pile every
+    task's traceback onto it); ``exc`` itself when it does not copy faithfully."""
     try:
         mine = copy.copy(exc)
     except Exception:

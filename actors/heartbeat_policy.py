@@ -1,10 +1,8 @@
 """The heartbeat interval the cluster asks of its workers, and the dead_after that goes with it.
 
 The leader chooses both (:func:`choose_policy`, a pure function of the cluster's size, the
-measured cost of a heartbeat and how long heartbeats waited for their answers,
-:class:`HeartbeatWaits`) and writes them in a fenced write (the ``heartbeat_policy`` row);
-every control plane tells them to the workers in its replies. The rule, its sources and why the
-self-fence still holds when they change: docs/design.md, "Heartbeat interval".
+measured cost of a heartbeat and the heartbeats' waits) and writes them in a fenced write; every
+control plane tells them to the workers. docs/design.md, "Heartbeat interval".
 """
 
 from __future__ import annotations
@@ -28,16 +26,12 @@ MAX_DEAD_AFTER_MS = 2**31 - 1
 
 UNMEASURED_COST_US = 4000.0
 """The CPU time one heartbeat is taken to cost a control plane (µs) until the replicas measured
-it: about what one cost on a 2-core machine with mutual TLS (docs/scale.md), so a cluster that
-starts with hundreds of workers gets a long enough interval before any cost is measured,
-rather than the shortest one."""
+it: about what one cost on a 2-core machine with mutual TLS (docs/scale.md)."""
 HYSTERESIS = 0.1
 """A new interval is taken only when it differs from the one in force by more than this
-fraction of it (or when the one in force is outside the bounds). Small, because the
-stabilization window (:data:`SHRINK_AFTER_S`) damps the noise already: at a quarter, the
-interval chosen while 1,400 of 2,000 workers had registered (7.35 s, from the registrations'
-cost) stayed for the whole of a 10-minute run whose cost wanted 5.6 s, and detection took 29 s,
-not 22."""
+fraction of it (or the one in force is outside the bounds). Small: the stabilization window
+(:data:`SHRINK_AFTER_S`) damps the noise already, and a quarter held a stale interval for a
+whole 10-minute run (docs/design.md, "Heartbeat interval")."""
 WAIT_INTERVALS = 1.0
 """The interval is at least this many times the 99th percentile of the heartbeats' waits."""
 SHRINK_AFTER_S = 30.0
@@ -46,12 +40,9 @@ choices in its term)."""
 MAX_WAITED_MS = 600_000
 """A heartbeat's ``waited_ms`` is counted as at most this."""
 OUTLIER_WAITS = 3
-"""The waits of this many workers, those that waited longest, never set a replica's percentile. A
-worker that was frozen (SIGSTOP, a VM paused) or cut off reports a wait as long as its freeze
-or as its call's deadline once it is back, and one on a starved machine long ones all the
-time: its own trouble, not the replicas'. Over the few dozen workers of a small cluster the
-99th percentile is the largest, so without this one such worker would stretch every worker's
-interval, and the detection time."""
+"""The waits of this many workers, those that waited longest, never set a replica's percentile:
+a frozen, cut-off or starved worker reports long waits of its own making, and in a small
+cluster the 99th percentile is the largest."""
 
 
 @attrs.frozen(kw_only=True)
@@ -97,19 +88,11 @@ def _bounds_ms(settings: ReconcilerSettings) -> tuple[int, int]:
     return low_ms, max(low_ms, math.floor(settings.heartbeat_interval_max_s * 1000 / STEP_MS) * STEP_MS)
 
 
-@attrs.frozen
-class _Wanted:
-    """The interval the rule wants (ms, within the bounds), the cost it used (None: none was
-    measured, the default stood in), and why."""
-
-    interval_ms: int
-    cost_us: float | None
-    why: str
-
-
 def _wanted(
     workers: int, costs_us: Sequence[float], waits_ms: Sequence[float], settings: ReconcilerSettings
-) -> _Wanted:
+) -> tuple[int, float | None, str]:
+    """The interval the rule wants (ms, within the bounds), the cost it used (None: none was
+    measured, the default stood in), and why."""
     low_ms, high_ms = _bounds_ms(settings)
     measured = sorted(c for c in costs_us if math.isfinite(c) and c > 0)
     replicas = max(1, len(measured))
@@ -127,19 +110,18 @@ def _wanted(
     interval_ms = min(high_ms, _whole_steps(max(wanted_ms, low_ms)))
     if interval_ms == high_ms and wanted_ms > high_ms:
         why += f": capped at heartbeat_interval_max_s = {settings.heartbeat_interval_max_s:g}"
-    return _Wanted(interval_ms=interval_ms, cost_us=cost_us, why=why)
+    return interval_ms, cost_us, why
 
 
 def wanted_interval_ms(
     *, workers: int, costs_us: Sequence[float], waits_ms: Sequence[float] = (), settings: ReconcilerSettings
 ) -> int | None:
-    """The interval (ms) the module's rule wants now, within the bounds, before the stabilization
-    window and :data:`HYSTERESIS` (what :class:`LongestWithin` keeps); the arguments as
-    :func:`choose_policy`'s. None while no replica has measured a cost: the interval chosen from
-    :data:`UNMEASURED_COST_US` is a guess for a cluster just started, not one to hold for
-    :data:`SHRINK_AFTER_S` once the first measurements come in."""
-    wanted = _wanted(workers, costs_us, waits_ms, settings)
-    return None if wanted.cost_us is None else wanted.interval_ms
+    """The interval (ms) the rule wants now, within the bounds, before the stabilization window
+    and :data:`HYSTERESIS` (what :class:`LongestWithin` keeps); the arguments as
+    :func:`choose_policy`'s. None while no replica has measured a cost (a guess is not to be held
+    for :data:`SHRINK_AFTER_S`)."""
+    interval_ms, cost_us, _ = _wanted(workers, costs_us, waits_ms, settings)
+    return None if cost_us is None else interval_ms
 
 
 def choose_policy(
@@ -155,25 +137,20 @@ def choose_policy(
 
     Args:
         workers: alive workers (>= 0).
-        costs_us: the CPU time one heartbeat costs each live control plane (µs, as each
-            measured it; non-positive or non-finite entries are ignored). Their median is the
-            cost; their count the replicas sharing the heartbeats (at least one).
+        costs_us: the CPU time one heartbeat costs each live control plane (µs; non-positive or
+            non-finite entries ignored): their median is the cost, their count the replicas.
         current: the policy in force (None: none was chosen yet).
-        settings: ``heartbeat_interval_min_s``, ``heartbeat_interval_max_s``,
-            ``heartbeat_cpu_budget``, ``dead_after_s``, ``dead_after_intervals``.
-        waits_ms: the 99th percentile of the heartbeats' waits at each live control plane (ms;
-            non-positive or non-finite entries are ignored); the interval is at least
-            :data:`WAIT_INTERVALS` times the largest.
-        floor_ms: the interval is at least this (ms, within the bounds): the longest one wanted
-            over the stabilization window (:class:`LongestWithin`).
+        settings: the ``heartbeat_interval_*``, ``heartbeat_cpu_budget`` and ``dead_after_*``.
+        waits_ms: each live control plane's 99th percentile of the heartbeats' waits (ms); the
+            interval is at least :data:`WAIT_INTERVALS` times the largest.
+        floor_ms: the interval is at least this (ms, within the bounds; :class:`LongestWithin`).
 
     Returns:
         ``current`` itself when the new interval is within :data:`HYSTERESIS` of it and within
         the bounds, else the new policy.
     """
     low_ms, high_ms = _bounds_ms(settings)
-    wanted = _wanted(workers, costs_us, waits_ms, settings)
-    interval_ms, cost_us, why = wanted.interval_ms, wanted.cost_us, wanted.why
+    interval_ms, cost_us, why = _wanted(workers, costs_us, waits_ms, settings)
     held_ms = min(high_ms, _whole_steps(floor_ms)) if floor_ms > 0 else 0
     if held_ms > interval_ms:
         interval_ms = held_ms
@@ -228,17 +205,10 @@ class _WorkerWaits:
 
 @attrs.define
 class HeartbeatWaits:
-    """How long the heartbeats a replica recorded had waited for their answers, as their
-    workers report it (``HeartbeatRequest.waited_ms``: the previous heartbeat's round trip, when
-    it was sent while live and answered), over the last ``window_s`` seconds, counted per
-    worker: each worker's largest wait within the window (its latest once that largest is
-    older) is one value, and the percentile is taken over the workers.
-
-    Per worker, not per heartbeat: docs/design.md, "Heartbeat interval".
-
-    Args:
-        window_s: how far back a reported wait counts (s).
-        min_workers: fewer workers reporting within the window than this: no percentile.
+    """How long the heartbeats a replica recorded had waited for their answers, as their workers
+    report it (``HeartbeatRequest.waited_ms``), over the last ``window_s`` seconds, counted per
+    worker (docs/design.md, "Heartbeat interval"): each worker's largest wait within the window
+    (its latest once that largest is older) is one value; fewer than ``min_workers``: none.
     """
 
     window_s: float = 10.0
@@ -278,16 +248,10 @@ class HeartbeatWaits:
 
 @attrs.define
 class HeartbeatCost:
-    """What one heartbeat costs a control plane's ingest, in CPU µs: the CPU time of the ingest's
-    thread (everything it served) per heartbeat recorded, over the time between two
-    :meth:`measure` calls, smoothed. All of the thread's work is charged to the heartbeats, so
-    the cost errs high, and the interval chosen from it errs long.
-
-    Args:
-        min_heartbeats: a span with fewer heartbeats than this is not measured (it is added to
-            the next).
-        weight: the new span's weight in the smoothed value (exponential smoothing).
-    """
+    """What one heartbeat costs a control plane's ingest, in CPU µs: the ingest thread's CPU
+    time per heartbeat recorded between two :meth:`measure` calls, exponentially smoothed with
+    ``weight`` (it errs high: all the thread's work is charged). A span of fewer than
+    ``min_heartbeats`` is added to the next."""
 
     min_heartbeats: int = 50
     weight: float = 0.3

@@ -1,9 +1,7 @@
 """Idempotency keys: a retried mutating call is carried out once.
 
-Pure functions the ingest's handlers run: a request's digest (:func:`request_digest`, in slices
-:func:`digest_steps`; a job's part :func:`job_item`, a registration's
-:func:`registration_digest`) and the messages of a conflict (:func:`conflict_message`). The
-rules, and how a new mutating RPC gets them: docs/design.md, "Idempotency keys".
+Pure functions the ingest's handlers run: a request's digest (:func:`request_digest`) and the
+messages of a conflict (:func:`conflict_message`). docs/design.md, "Idempotency keys".
 """
 
 from __future__ import annotations
@@ -28,13 +26,9 @@ def _item(value: Any) -> bytes:
 
 
 def digest_steps(rpc: str, items: Iterable[Any], *, step_items: int) -> Generator[None, None, bytes]:
-    """The sha256 of ``rpc`` and ``items`` (JSON-encodable values), as a generator that yields
-    after every ``step_items`` items (for :func:`actors.ingest_gate.run_in_slices`) and returns the
-    32-byte digest.
-
-    Computed from the checked request, not from its wire bytes: two encodings of one request
-    (fields in another order, a default value sent or left out) have the same digest.
-    """
+    """The sha256 of ``rpc`` and ``items`` (JSON-encodable values of the checked request, not its
+    wire bytes), as a generator that yields after every ``step_items`` items and returns the
+    32-byte digest."""
     hasher = hashlib.sha256(_item(rpc))
     for index, item in enumerate(items, 1):
         hasher.update(_item(item))
@@ -49,19 +43,13 @@ def request_digest(rpc: str, items: Iterable[Any]) -> bytes:
 
 
 def job_item(job: JobSpec) -> list[Any]:
-    """A checked job as it enters a request's digest: the columns it is stored in
-    (:func:`actors.queries.job_columns`), in their order.
-
-    Raises:
-        ValueError: ``job`` has no runtime (it was not checked).
-    """
+    """A checked job as it enters a request's digest: the columns it is stored in, in their
+    order; raises ValueError for a job with no runtime (not checked)."""
     return list(attrs.astuple(queries.job_columns(job)))
 
 
 def registration_digest(*, address: str, cpu_millis: int, memory_mb: int, labels: Mapping[str, str]) -> bytes:
-    """The digest of what a registration asks for. The outcomes it carries are left out: a
-    retried registration may carry more of them, and each is recorded once by its assignment
-    id whichever copy brings it."""
+    """The digest of what a registration asks for (not its outcomes: a retry may carry more)."""
     return request_digest("register_worker", [address, cpu_millis, memory_mb, sorted(labels.items())])
 
 
@@ -74,10 +62,8 @@ def _job_ids(ids: Sequence[int]) -> str:
 
 
 def describe(rpc: str, answer: Sequence[Mapping[str, Any]]) -> str:
-    """What a stored call did, from its RPC and its stored answer (the rows of its effect):
-    ``"it created job 17"``, ``"it created jobs 17, 18, 19"``, ``"it created 400 jobs, 17 to
-    416"``, ``"it created array 17 (100 tasks)"``, ``"it cancelled job 17 (cancelled)"``,
-    ``"it cancelled 40 tasks of array 17 (cancelling)"``, ``"it drained worker w-2"``."""
+    """What a stored call did, from its RPC and its stored answer: ``"it created jobs 17, 18,
+    19"``, ``"it created array 17 (100 tasks)"``, ``"it cancelled job 17 (cancelled)"``, ..."""
     if rpc == "submit_job" and answer and int(answer[0].get("tasks", 1)) > 1:
         return f"it created array {answer[0]['id']} ({answer[0]['tasks']} tasks)"
     if rpc in ("submit_job", "submit_jobs"):

@@ -1,11 +1,9 @@
 """Ingest: the ControlPlane gRPC service that clients and workers call, on every replica.
 
-:class:`ControlPlaneService` is its handlers, one module per kind of call
-(:mod:`actors.ingest_jobs`, :mod:`actors.ingest_heartbeats`, :mod:`actors.ingest_workers`) on
-the admission of :mod:`actors.ingest_gate`; :class:`Ingest` is the actor that serves it and
-records this replica's presence (the schema is :mod:`actors.schema`'s). It records what
-is not a decision (unfenced writes), with or without a leader, and answers job queries and the
-status view: docs/design.md, "Ingest".
+:class:`ControlPlaneService` is its handlers, one module per kind of call, on the admission of
+:mod:`actors.ingest_gate`; :class:`Ingest` is the actor that serves it and records this
+replica's presence. It records what is not a decision (unfenced writes), with or without a
+leader: docs/design.md, "Ingest".
 """
 
 from __future__ import annotations
@@ -42,9 +40,8 @@ __all__ = ["ControlPlaneService", "Ingest"]
 
 @attrs.define
 class ControlPlaneService(WorkerHandlers):
-    """The RPC handlers (trio coroutines), served through :func:`runtime.aio.trio_service`;
-    admission as :class:`actors.ingest_gate.AdmittedService` says, which names the fields it
-    is built with (and :class:`actors.ingest_heartbeats.HeartbeatHandlers` ``told_default``)."""
+    """The RPC handlers (trio coroutines), served through :func:`runtime.aio.trio_service`,
+    built with the fields of :class:`actors.ingest_gate.AdmittedService`."""
 
     logs: LogRelay | None = None
     """Relays job output from workers (ReadJobLogs); None: one of its own, plaintext."""
@@ -55,16 +52,8 @@ class ControlPlaneService(WorkerHandlers):
             self.logs = LogRelay(cp_id=self.cp_id, settings=self.settings)
 
     async def read_job_logs(self, request: pb.ReadJobLogsRequest, send: Send) -> None:
-        """Stream a job's output from the worker that keeps it (:mod:`actors.logs`): the job
-        is looked up (admitted as any read), then its worker's chunks are relayed as they come,
-        holding no database connection.
-
-        Raises:
-            NotFound: no such job. InvalidArgument: a bad request, or a sleep job.
-            FailedPrecondition: the job has not started, or its worker no longer keeps its output.
-            Unavailable: its worker is dead, left or unreachable (named, with its address).
-            Busy: this replica relays ``max_log_streams`` streams already.
-        """
+        """Stream a job's output from the worker that keeps it, holding no database connection
+        while relaying; raises as :func:`actors.logs.log_source` and :meth:`LogRelay.relay`."""
         checked = check_read_job_logs(request)
         assert self.logs is not None
         self.logs.admit()
@@ -113,19 +102,15 @@ CONTROL_PLANE_ACCESS = {
     "uncordon_worker": (OPERATOR,),
     "drain_worker": (OPERATOR,),
 }
-"""Who may call each ControlPlane RPC over mutual TLS (:func:`runtime.aio.trio_service`):
-operators change jobs and take workers out of service, viewers and operators read, workers speak only for
-themselves (the handlers check that a worker's certificate names the ``worker_id`` it sends)."""
+"""Who may call each ControlPlane RPC over mutual TLS; a worker speaks only for itself (the
+handlers check that its certificate names the ``worker_id`` it sends)."""
 
 
 @attrs.define
 class Ingest:
     """The actor: serves :class:`ControlPlaneService` and records this replica's presence.
-
-    Self-contained, so it may run on a trio loop of its own: its pool, its lag monitor
-    (``stockade_event_loop_lag_seconds{loop="ingest"}``, which its shedding reads) and its
-    server all start inside :meth:`run`.
-    """
+    Self-contained (its pool, lag monitor and server start inside :meth:`run`), so it may run on
+    a trio loop of its own."""
 
     cp_id: str
     database_url: str
@@ -138,14 +123,11 @@ class Ingest:
     _cost: HeartbeatCost = attrs.field(factory=lambda: HeartbeatCost())
     advertise_address: str = ""
     console_url: str | None = None
-    """The origin of this replica's web console (``https://host:port``), recorded with its
-    presence so open pages can move to it; None: it serves none."""
+    """The origin of this replica's web console, recorded with its presence; None: none."""
     tls: ssl.SSLContext | None = None
-    """Serve over mutual TLS with this server context (:func:`runtime.tls.server_context`),
-    checking :data:`CONTROL_PLANE_ACCESS`; None: plaintext, no checks."""
+    """Serve over mutual TLS, checking :data:`CONTROL_PLANE_ACCESS`; None: plaintext."""
     worker_tls: ClientTls | None = None
-    """This replica's client certificate, for reading job output from workers (ReadJobLogs);
-    None: plaintext."""
+    """This replica's client certificate, for reading job output from workers; None: plaintext."""
     lag: LoopLag = attrs.field(factory=lambda: LoopLag(loop="ingest"))
     """The ingest loop's lag monitor, run by :meth:`run` (a test may feed it lags)."""
     address: str = ""
@@ -190,15 +172,8 @@ class Ingest:
         wait_ms = service.heartbeat_waits.p99_ms(trio.current_time())
         metrics.HEARTBEAT_WAIT_P99_SECONDS.set(math.nan if wait_ms is None else wait_ms / 1000)
         async with service.database("presence") as conn:
-            await conn.execute(
-                queries.RECORD_PRESENCE,
-                self.cp_id,
-                self.address,
-                os.getpid(),
-                self.console_url,
-                cost_us,
-                wait_ms,
-            )
+            args = (self.cp_id, self.address, os.getpid(), self.console_url, cost_us, wait_ms)
+            await conn.execute(queries.RECORD_PRESENCE, *args)
 
     async def _presence(self, service: ControlPlaneService) -> None:
         failing = False
@@ -214,9 +189,8 @@ class Ingest:
                 failing = True
 
     async def _sweep(self, service: ControlPlaneService) -> None:
-        """Delete expired idempotency keys every ``idempotency_sweep_interval_s``; every replica
-        sweeps (the sweeps skip each other's rows), so the keys' storage stays bounded by the
-        retention window while any replica runs."""
+        """Delete expired idempotency keys every ``idempotency_sweep_interval_s`` (every replica
+        sweeps; the sweeps skip each other's rows)."""
         while True:
             await trio.sleep(self.settings.idempotency_sweep_interval_s)
             try:

@@ -1,10 +1,8 @@
 """Ingest's admission plumbing: turns, connections, shedding, and work done in slices.
 
-:class:`AdmittedService` is the base of the ingest's handlers
-(:class:`actors.ingest.ControlPlaneService`): every handler first holds a turn
-(:meth:`AdmittedService.admitted`) and then a connection (:meth:`AdmittedService.connection`),
-as docs/design.md, "Ingest" and "Admission", say. This module runs no statement that writes:
-the handlers, and so the unfenced writes, stay in the ingest's modules.
+:class:`AdmittedService` is the base of the ingest's handlers: each first holds a turn
+(:meth:`AdmittedService.admitted`), then a connection (docs/design.md, "Ingest" and
+"Admission"). This module runs no statement that writes.
 """
 
 from __future__ import annotations
@@ -30,14 +28,8 @@ from runtime.settings.fields import session_ms
 
 
 def session_settings(settings: IngestSettings) -> dict[str, str]:
-    """Session settings of ingest's connections.
-
-    A replica frozen in the middle of a transaction (a registration) must not keep that
-    worker's row locked: its session ends after ``idle_in_transaction_timeout_s`` idle in the
-    transaction, and others wait for a lock ``lock_timeout_s`` at most (the worker then tries
-    the next replica). A heartbeat is one statement, so it never leaves a transaction open
-    between round trips.
-    """
+    """Session settings of ingest's connections: a replica frozen in a transaction must not keep
+    a worker's row locked for long, and others wait for a lock ``lock_timeout_s`` at most."""
     return {
         "statement_timeout": session_ms(settings.statement_timeout_s),
         "idle_in_transaction_session_timeout": session_ms(settings.idle_in_transaction_timeout_s),
@@ -49,6 +41,7 @@ SESSION_SETTINGS = session_settings(IngestSettings())
 """Session settings of ingest's connections with the default :class:`IngestSettings`."""
 
 T = TypeVar("T")
+DEADLINE_PASSED = "the client's deadline passed before the request could start"
 
 
 async def run_in_slices(steps: Generator[None, None, T], share: admission.LoopShare | None = None) -> T:
@@ -57,16 +50,15 @@ async def run_in_slices(steps: Generator[None, None, T], share: admission.LoopSh
     ``share`` says (:class:`actors.admission.LoopShare`; None: no pauses)."""
     while True:
         started = trio.current_time()
+        finished = False
         try:
             next(steps)
         except StopIteration as done:
-            if share is not None:
-                share.spend(now=trio.current_time(), used_s=trio.current_time() - started)
-            return done.value
-        pause_s = 0.0
-        if share is not None:
-            now = trio.current_time()
-            pause_s = share.spend(now=now, used_s=now - started)
+            finished, value = True, done.value
+        now = trio.current_time()
+        pause_s = 0.0 if share is None else share.spend(now=now, used_s=now - started)
+        if finished:
+            return value
         if pause_s > 0:
             await trio.sleep(pause_s)
         else:
@@ -74,15 +66,9 @@ async def run_in_slices(steps: Generator[None, None, T], share: admission.LoopSh
 
 
 async def open_pool(cp_id: str, database_url: str, settings: IngestSettings) -> PgPool:
-    """The ingest's connections: ``settings.pool_size`` of them, all opened now and kept open
-    (a replica under load opens none), with :func:`session_settings`.
-
-    No handler changes session state (no ``SET`` outside a transaction, no advisory lock, no
-    ``LISTEN``, no cursor), so a connection given back skips asyncpg's reset query: one round
-    trip fewer per request. While the database cannot be reached it waits, trying again with
-    backoff and logging the outage once per change
-    (:func:`runtime.aio.pg_reconnect.open_pool_when_reachable`);
-    each call on a pooled connection goes unanswered for ``settings.answer_timeout_s`` at most.
+    """The ingest's connections: ``settings.pool_size`` of them, all opened now and kept open,
+    waiting while the database cannot be reached. No handler changes session state, so a
+    connection given back skips asyncpg's reset query (one round trip fewer per request).
 
     Raises:
         DatabaseRefused: the database refused this client for good.
@@ -101,14 +87,8 @@ async def open_pool(cp_id: str, database_url: str, settings: IngestSettings) -> 
 
 @attrs.define
 class AdmittedService:
-    """Admission for the RPC handlers of one replica's ingest.
-
-    Args:
-        cp_id: this replica's id, named in busy answers.
-        pool: the ingest's connections (``settings.pool_size`` of them).
-        settings: capacity and shedding limits.
-        lag: the ingest loop's lag monitor (its :attr:`~runtime.lag.LoopLag.recent_max_s`).
-    """
+    """Admission for the RPC handlers of one replica's ingest (``lag``: the loop's lag monitor,
+    which shedding reads)."""
 
     cp_id: str
     pool: PgPool
@@ -127,27 +107,21 @@ class AdmittedService:
     _log: Any = attrs.field(init=False, factory=lambda: log.get("ingest"))
 
     def __attrs_post_init__(self) -> None:
+        s = self.settings
         self.gate = admission.AdmissionGate(
-            size=self.settings.pool_size,
-            reserved=self.settings.liveness_reserved_connections,
-            max_other=self.settings.max_requests_in_progress,
+            s.pool_size, s.liveness_reserved_connections, s.max_requests_in_progress
         )
-        self.wire_share = admission.LoopShare(
-            share=self.settings.max_wire_work_share, burst_s=self.settings.wire_work_burst_s
-        )
+        self.wire_share = admission.LoopShare(share=s.max_wire_work_share, burst_s=s.wire_work_burst_s)
 
     @asynccontextmanager
     async def admitted(self, rpc: str) -> AsyncIterator[None]:
         """Hold a turn for ``rpc``'s work for the body of the block, if the request is to be
-        served at all (:mod:`actors.admission`). Work other than liveness keeps its turn until
-        its reply is encoded: do all of it, reply included, inside the block.
+        served at all (:mod:`actors.admission`); do all of it, reply encoding included, inside.
 
         Raises:
             DeadlineExceeded: the client's deadline passed before the work could start.
-            Busy: ``rpc`` is not liveness work and the replica is overloaded
-                (:func:`actors.admission.shed_reason`), or it waited ``max_admission_wait_s``
-                for its turn in vain (:func:`actors.admission.turn_timeout_reason`); nothing
-                was done.
+            Busy: not liveness work, and the replica is overloaded or the turn did not come
+                within ``max_admission_wait_s``; nothing was done.
             DatabaseUnavailable: liveness work got no connection within
                 ``settings.liveness_connection_wait_s``.
         """
@@ -179,12 +153,9 @@ class AdmittedService:
                 raise DatabaseUnavailable(
                     f"no database connection within {self.settings.liveness_connection_wait_s:g} s"
                 )
+            waited_s, in_progress = trio.current_time() - arrived, self.gate.held_other
             reason = admission.turn_timeout_reason(
-                rpc,
-                waited_s=trio.current_time() - arrived,
-                in_progress=self.gate.held_other,
-                cp_id=self.cp_id,
-                settings=self.settings,
+                rpc, waited_s=waited_s, in_progress=in_progress, cp_id=self.cp_id, settings=self.settings
             )
             self._record_shed(rpc, reason)
             raise Busy(reason)
@@ -195,13 +166,8 @@ class AdmittedService:
 
     @asynccontextmanager
     async def connection(self, rpc: str) -> AsyncIterator[PgConnection]:
-        """A connection for ``rpc``'s database work; use inside :meth:`admitted` (a turn
-        guarantees a free connection).
-
-        The body runs to its end even if the client gives up meanwhile (bounded by
-        ``settings.answer_timeout_s``), so its connection is never terminated for that. The
-        time from asking for the connection to the block's end is observed as
-        ``stockade_ingest_stage_seconds{stage="database"}`` (the turn's wait as ``"turn"``).
+        """A connection for ``rpc``'s database work; use inside :meth:`admitted`. The body runs
+        to its end even if the client gives up meanwhile (bounded by ``answer_timeout_s``).
 
         Raises:
             DeadlineExceeded: the client's deadline passed before the work could start.
@@ -236,7 +202,7 @@ class AdmittedService:
     def _check_deadline(self, rpc: str, deadline: float) -> None:
         if trio.current_time() >= deadline:
             metrics.INGEST_EXPIRED_REQUESTS.labels(rpc).inc()
-            raise DeadlineExceeded(f"{rpc}: the client's deadline passed before the request could start")
+            raise DeadlineExceeded(f"{rpc}: {DEADLINE_PASSED}")
 
     def _record_shed(self, rpc: str, reason: str) -> None:
         metrics.INGEST_SHED_REQUESTS.labels(rpc).inc()
@@ -249,8 +215,7 @@ class AdmittedService:
 
     async def _refuse_when_queue_full(self, rpc: str) -> None:
         """Refuse a submission while the pending queue holds ``max_pending_jobs`` (docs/design.md,
-        "Admission", rule 4); counts the queue again when the count is older than
-        ``pending_count_max_age_s``. Use inside :meth:`admitted`.
+        "Admission", rule 4), counting it again when older than ``pending_count_max_age_s``.
 
         Raises:
             Busy: the queue is full; nothing was stored.

@@ -20,6 +20,7 @@ from actors.heartbeat_policy import (
     HeartbeatWaits,
     default_policy,
 )
+from actors.ingest_gate import DEADLINE_PASSED
 from actors.ingest_jobs import JobHandlers
 from actors.ingest_replies import check_outcomes, outcome_arrays, outcome_log_keys
 from protocol import pb
@@ -33,15 +34,15 @@ def recorded_answer(
     row: Any, newer: tuple[str | None, str | None, int | None], *, skipped: bool = False
 ) -> GroupAnswer:
     """The answer to a heartbeat from its statement's ``row``; ``newer``: the agent run id,
-    address and incarnation of the registration that took the worker's id over (None each: none)."""
+    address and incarnation of a registration that took the worker's id over (None each: none)."""
+    said = {
+        k: row[k]
+        for k in ("alive", "current_epoch", "database_unix_s", "told_interval_ms", "told_dead_after_ms")
+    }
     return GroupAnswer(
-        alive=row["alive"],
+        **said,
         skipped=skipped,
         stop_assignment_ids=tuple(row["stop_assignment_ids"]),
-        current_epoch=row["current_epoch"],
-        database_unix_s=row["database_unix_s"],
-        told_interval_ms=row["told_interval_ms"],
-        told_dead_after_ms=row["told_dead_after_ms"],
         newer_agent_run_id=newer[0],
         newer_address=newer[1],
         newer_incarnation=newer[2],
@@ -50,12 +51,8 @@ def recorded_answer(
 
 @attrs.define
 class HeartbeatHandlers(JobHandlers):
-    """The Heartbeat RPC of :class:`actors.ingest.ControlPlaneService`.
-
-    Args:
-        told_default: the heartbeat interval and the dead_after told to workers while the
-            leader chose none (docs/design.md, "Heartbeat interval").
-    """
+    """The Heartbeat RPC of :class:`actors.ingest.ControlPlaneService`; ``told_default``: the
+    interval and the dead_after told to workers while the leader chose none."""
 
     told_default: HeartbeatPolicy = attrs.field(factory=lambda: default_policy(ReconcilerSettings()))
     heartbeats_recorded: int = 0
@@ -72,20 +69,14 @@ class HeartbeatHandlers(JobHandlers):
 
     def _told(self, row: Any) -> tuple[int, int]:
         """A registration reply's ``heartbeat_interval_ms`` and ``dead_after_ms`` from the row of
-        the statement that recorded what it tells (None: nothing recorded: no interval and the
-        defaults' dead_after, which the agent never adopts, since such a reply continues nothing)."""
+        the statement that recorded what it tells (None: no interval, the defaults' dead_after)."""
         if row is None:
             return 0, self.told_default.dead_after_ms
         return row["interval_ms"], row["dead_after_ms"]
 
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
-        """Record a worker's heartbeat: liveness, running confirmations, finished outcomes.
-
-        A liveness-only heartbeat (no outcomes, no restart hold) is recorded with the
-        heartbeats of other workers in one statement (:attr:`heartbeat_group`;
-        docs/design.md, "Grouped heartbeats"); one that carries outcomes or asks for a hold,
-        or finds its worker's row locked by another transaction, alone
-        (:meth:`_heartbeat_alone`).
+        """Record a worker's heartbeat: liveness, running confirmations, finished outcomes; a
+        liveness-only one in a group (:attr:`heartbeat_group`) unless its worker's row is locked.
 
         Raises:
             InvalidArgument: a field out of range (nothing is stored).
@@ -107,8 +98,6 @@ class HeartbeatHandlers(JobHandlers):
     async def _record_heartbeat(
         self, worker_id: str, request: pb.HeartbeatRequest, finished: list[pb.JobOutcome], hold_ms: int
     ) -> pb.HeartbeatReply:
-        """:meth:`heartbeat`'s work once its fields are checked: grouped when it carries only
-        liveness, else alone."""
         if self.heartbeat_group is not None and not finished and not hold_ms:
             deadline = rpc_deadline()
             self._check_deadline("heartbeat", deadline)
@@ -129,9 +118,7 @@ class HeartbeatHandlers(JobHandlers):
     async def run_heartbeat_group(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Gather liveness-only heartbeats into groups (:attr:`heartbeat_group`, with
-        ``settings.heartbeat_group_wait_s`` and ``heartbeat_group_max``) until cancelled; the
-        handlers use it once started."""
+        """Gather liveness-only heartbeats into groups (:attr:`heartbeat_group`) until cancelled."""
         grouper = HeartbeatGrouper(
             record_group=self.record_heartbeat_group,
             wait_s=self.settings.heartbeat_group_wait_s,
@@ -145,11 +132,9 @@ class HeartbeatHandlers(JobHandlers):
             self.heartbeat_group = None
 
     async def record_heartbeat_group(self, members: Sequence[GroupMember]) -> list[GroupAnswer | Exception]:
-        """Record a group of liveness-only heartbeats (worker ids distinct) in one statement
-        (``record_heartbeats`` in schema.sql): one answer per member, in order. A member whose
-        client's deadline passed, or whose handler stopped waiting, before the group got its
-        connection is not recorded, as a heartbeat alone would not be: its answer is
-        DeadlineExceeded.
+        """Record a group of liveness-only heartbeats (worker ids distinct) in one statement: one
+        answer per member, in order; a member whose deadline passed or whose handler stopped
+        waiting before the group got its connection is not recorded (answer: DeadlineExceeded).
 
         Raises:
             DatabaseUnavailable, Busy: as :meth:`database`; nothing of the group was recorded.
@@ -159,11 +144,8 @@ class HeartbeatHandlers(JobHandlers):
             now = trio.current_time()
             left_out = [m.withdrawn or m.beat.deadline <= now for m in members]
             live = [m.beat for m, out in zip(members, left_out, strict=True) if not out]
-            running_ids: list[int] = []
-            running_members: list[int] = []
-            for member, beat in enumerate(live, start=1):
-                running_ids.extend(beat.running_assignment_ids)
-                running_members.extend([member] * len(beat.running_assignment_ids))
+            running_ids = [a for beat in live for a in beat.running_assignment_ids]
+            running_members = [n for n, beat in enumerate(live, start=1) for _ in beat.running_assignment_ids]
             rows = []
             if live:
                 rows = await conn.fetch(
@@ -180,9 +162,7 @@ class HeartbeatHandlers(JobHandlers):
         for out in left_out:
             if out:
                 metrics.INGEST_EXPIRED_REQUESTS.labels("heartbeat").inc()
-                answers.append(
-                    DeadlineExceeded("heartbeat: the client's deadline passed before the request could start")
-                )
+                answers.append(DeadlineExceeded(f"heartbeat: {DEADLINE_PASSED}"))
                 continue
             row = next(recorded)
             newer = (row["newer_agent_run_id"], row["newer_address"], row["newer_incarnation"])
@@ -192,13 +172,10 @@ class HeartbeatHandlers(JobHandlers):
     async def _heartbeat_alone(
         self, worker_id: str, request: pb.HeartbeatRequest, finished: list[pb.JobOutcome], hold_ms: int
     ) -> pb.HeartbeatReply:
-        """Record one heartbeat in a statement of its own (``record_heartbeat`` in schema.sql),
-        and its restart hold after it."""
+        """Record one heartbeat in a statement of its own (``record_heartbeat`` in schema.sql: one
+        round trip, one transaction), and its restart hold after it."""
         held: object = None
         async with self.database("heartbeat") as conn:
-            # One statement (record_heartbeat in schema.sql): liveness, outcomes, running
-            # confirmations and the assignments to stop, in one round trip and one transaction.
-            # Liveness alone skips the WAL flush there; outcomes are committed durably.
             row = await conn.fetchrow(
                 queries.HEARTBEAT,
                 worker_id,
@@ -211,11 +188,9 @@ class HeartbeatHandlers(JobHandlers):
             )
             assert row is not None
             newer: tuple[str | None, str | None, int | None] = (None, None, None)
-            found = (
-                None
-                if row["alive"]
-                else await conn.fetchrow(queries.NEWER_REGISTRATION, worker_id, request.incarnation)
-            )
+            found = None
+            if not row["alive"]:
+                found = await conn.fetchrow(queries.NEWER_REGISTRATION, worker_id, request.incarnation)
             if found is not None:
                 newer = (found["agent_run_id"] or "", found["address"], found["incarnation"])
             if hold_ms and row["alive"]:
@@ -225,8 +200,7 @@ class HeartbeatHandlers(JobHandlers):
                     queries.SET_RESTART_HOLD, worker_id, request.incarnation, hold_ms / 1000
                 )
         if finished:
-            # Only a heartbeat that carries outcomes logs (one line, its ids listed): the
-            # liveness-only heartbeats, four a second per worker, stay silent.
+            # Only a heartbeat that carries outcomes logs: liveness-only ones stay silent.
             log.get("ingest").info(
                 "outcomes recorded",
                 worker_id=worker_id,

@@ -54,21 +54,16 @@ class JobHandlers(AdmittedService):
         stored answer and no effect (:mod:`actors.idempotency`).
 
         Args:
-            conn: the request's connection.
             rpc: the call, e.g. ``"submit_job"``.
             sql: its statement; ``args`` its effect's parameters.
-            key: the request's idempotency key (checked).
             digest: the checked request's sha256 (:func:`actors.idempotency.request_digest`).
             lock_worker: a promise about this worker's future (a cordon or drain): its row is
-                locked first (``queries.LOCK_WORKER``) and the statement runs after it in the
-                same transaction, so it answers with every assignment a placement in progress
-                commits, and no placement commits onto the worker after it.
+                locked first in the same transaction, so no placement commits onto it after.
 
         Raises:
             IdempotencyConflict: ``key`` was first used for another request; nothing was stored.
-            Busy: the database gave up on the statement (another copy of the call, still in
-                progress, held the key past the session's ``lock_timeout``, or the statement
-                timed out); nothing was stored.
+            Busy: the database gave up on the statement (a copy in progress held the key, or a
+                timeout); nothing was stored.
             DatabaseUnavailable: the database failed.
         """
 
@@ -143,8 +138,8 @@ class JobHandlers(AdmittedService):
         """Carry out a submission's statement once per ``key`` (:meth:`_once`), inside its turn.
 
         Raises:
-            InvalidArgument: nothing was stored: a job names a dependency that does not exist
-                (see queries.SUBMIT_JOB); ``missing`` says which, read on the same connection.
+            InvalidArgument: a job names a dependency that does not exist (``missing`` says
+                which); nothing was stored.
             IdempotencyConflict, Busy, DatabaseUnavailable: as :meth:`_once`.
         """
         async with self.connection(rpc) as conn:
@@ -156,9 +151,8 @@ class JobHandlers(AdmittedService):
     async def _missing_dependencies(
         self, conn: PgConnection, field: str, after: tuple[int, ...]
     ) -> InvalidArgument:
-        """The error of a submission that stored nothing because of ``after``: it names the
-        jobs that do not exist (read after the submitting statement, which checked them in its
-        own snapshot)."""
+        """The error of a submission that stored nothing because of ``after``, naming the jobs
+        that do not exist."""
         missing = [int(i) for i in await conn.fetchval(queries.MISSING_JOBS, list(after))]
         return InvalidArgument(
             field, list(after), dependencies.MISSING_RULE, detail=dependencies.missing_detail(missing)
@@ -191,11 +185,9 @@ class JobHandlers(AdmittedService):
                 check_jobs_steps(batch.specs, spec_of=job_spec_from_pb, step_jobs=step), self.wire_share
             )
             key = check_idempotency_key(batch.idempotency_key)
+            items = (idempotency.job_item(j) for j in jobs)
             digest = await run_in_slices(
-                idempotency.digest_steps(
-                    "submit_jobs", (idempotency.job_item(j) for j in jobs), step_items=step
-                ),
-                self.wire_share,
+                idempotency.digest_steps("submit_jobs", items, step_items=step), self.wire_share
             )
 
             async def first_missing(conn: PgConnection) -> InvalidArgument:
@@ -221,26 +213,20 @@ class JobHandlers(AdmittedService):
         return pb.SubmitJobsReply(job_ids=job_ids)
 
     async def sweep_idempotency_keys(self) -> int:
-        """Delete the idempotency keys stored more than ``settings.idempotency_key_retention_s``
-        ago, oldest first, ``settings.idempotency_sweep_rows`` per statement, each statement
-        admitted as any other request (shed first when the replica is busy); returns how many.
+        """Delete the idempotency keys older than ``idempotency_key_retention_s``,
+        ``idempotency_sweep_rows`` per admitted statement; returns how many.
 
         Raises:
             Busy, DeadlineExceeded: the replica is busy; the rest waits for the next sweep.
             DatabaseUnavailable: the database failed.
         """
-        swept = 0
+        swept, s = 0, self.settings
         while True:
             async with self.database("sweep_idempotency_keys") as conn:
-                count = int(
-                    await conn.fetchval(
-                        queries.SWEEP_IDEMPOTENCY_KEYS,
-                        self.settings.idempotency_key_retention_s,
-                        self.settings.idempotency_sweep_rows,
-                    )
-                )
+                sql = queries.SWEEP_IDEMPOTENCY_KEYS
+                count = int(await conn.fetchval(sql, s.idempotency_key_retention_s, s.idempotency_sweep_rows))
             swept += count
-            if count < self.settings.idempotency_sweep_rows:
+            if count < s.idempotency_sweep_rows:
                 return swept
 
     async def get_job(self, request: pb.GetJobRequest) -> pb.JobInfo:
@@ -248,11 +234,8 @@ class JobHandlers(AdmittedService):
         async with self.database("get_job") as conn:
             row = await conn.fetchrow(queries.GET_JOB, request.job_id)
             attempts = [] if row is None else await conn.fetch(queries.JOB_ATTEMPTS, request.job_id)
-            counts = (
-                []
-                if row is None or row["array_id"] is None
-                else await conn.fetch(queries.ARRAY_COUNTS, row["array_id"])
-            )
+            array_id = None if row is None else row["array_id"]
+            counts = [] if array_id is None else await conn.fetch(queries.ARRAY_COUNTS, array_id)
         if row is None:
             raise NotFound(f"job_id {request.job_id} not found")
         info = job_info(row, env_values=reads_env_values())
@@ -261,13 +244,8 @@ class JobHandlers(AdmittedService):
         return info
 
     async def get_job_events(self, request: pb.GetJobEventsRequest) -> pb.GetJobEventsReply:
-        """The job's history, oldest first, rebuilt from the tables in one read
-        (:data:`actors.queries.JOB_EVENTS`).
-
-        Raises:
-            InvalidArgument: ``job_id`` outside 1..2**63-1.
-            NotFound: no job has this id.
-        """
+        """The job's history, oldest first, rebuilt from the tables in one read; raises
+        InvalidArgument for a ``job_id`` outside 1..2**63-1, NotFound for no such job."""
         check_job_id(request.job_id)
         async with self.database("get_job_events") as conn:
             rows = await conn.fetch(queries.JOB_EVENTS, request.job_id)
@@ -295,31 +273,21 @@ class JobHandlers(AdmittedService):
         item: list[Any] = [request.job_id, "only_this_task"] if request.only_this_task else [request.job_id]
         digest = idempotency.request_digest("cancel_job", item)
         async with self.database("cancel_job") as conn:
-            done = await self._once(
-                conn,
-                "cancel_job",
-                queries.CANCEL_JOB,
-                request.job_id,
-                request.only_this_task,
-                key=key,
-                digest=digest,
-            )
+            args = (request.job_id, request.only_this_task)
+            done = await self._once(conn, "cancel_job", queries.CANCEL_JOB, *args, key=key, digest=digest)
         if not done.answer:
             raise NotFound(f"job_id {request.job_id} not found")
         row = done.answer[0]
-        state = "cancelling" if row["cancel_requested"] else row["state"]
+        state, tasks = "cancelling" if row["cancel_requested"] else row["state"], int(row.get("tasks") or 0)
         if not done.replayed:
-            log.get("ingest").info(
-                "cancel requested", job_id=request.job_id, state=state, tasks=int(row.get("tasks") or 0)
-            )
-        return pb.CancelJobReply(state=state, tasks=int(row.get("tasks") or 0))
+            log.get("ingest").info("cancel requested", job_id=request.job_id, state=state, tasks=tasks)
+        return pb.CancelJobReply(state=state, tasks=tasks)
 
 
 ENV_VALUE_READERS = (OPERATOR,)
-"""Who reads the values of a job's environment in GetJob, ListJobs and Status replies:
-operators, who may submit and so set them. Every other reader (a viewer) gets the names, each
-value :data:`runtime.jobs.HIDDEN_ENV_VALUE`: the values may be secrets (a token, a password).
-On a plaintext server (``--insecure``) no identity is checked and everyone reads them."""
+"""Who reads the values of a job's environment in GetJob, ListJobs and Status replies: operators,
+who may set them. Every other reader gets each value as :data:`runtime.jobs.HIDDEN_ENV_VALUE`
+(they may be secrets); on a plaintext server (``--insecure``) everyone reads them."""
 
 
 def reads_env_values() -> bool:

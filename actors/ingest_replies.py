@@ -132,24 +132,12 @@ def outcome_arrays(finished: list[pb.JobOutcome]) -> tuple[list[Any], ...]:
 
 def outcome_fields(outcome: pb.JobOutcome) -> dict[str, object]:
     """A JobOutcome as the keyword arguments of :func:`actors.validation.check_outcome`."""
-    return {
-        "assignment_id": outcome.assignment_id,
-        "job_id": outcome.job_id,
-        "state": outcome.state,
-        "run_ms": outcome.run_ms,
-        "ended_ago_ms": outcome.ended_ago_ms,
-        "stdout_path": outcome.stdout_path,
-        "stderr_path": outcome.stderr_path,
-        "detail": outcome.detail,
-    }
+    fields = ("assignment_id", "job_id", "state", "run_ms", "ended_ago_ms", "stdout_path", "stderr_path")
+    return {f: getattr(outcome, f) for f in (*fields, "detail")}
 
 
 def check_outcomes(finished: list[pb.JobOutcome]) -> None:
-    """Check reported outcomes (:func:`actors.validation.check_outcomes`).
-
-    Raises:
-        InvalidArgument: an outcome's field out of range.
-    """
+    """Check reported outcomes; raises InvalidArgument for an outcome's field out of range."""
     validation.check_outcomes([outcome_fields(o) for o in finished])
 
 
@@ -186,9 +174,8 @@ class Schedule:
 
 
 def schedule_of(*, cordoned: bool, drain_requested: bool, active_jobs: int) -> Schedule:
-    """A worker's :class:`Schedule` from its row (``cordoned_at``, ``drain_requested_at`` set)
-    and how many assignments are active on it (any incarnation: a previous life's that the
-    leader has not ended yet still count, so drained means no job of it runs anywhere)."""
+    """A worker's :class:`Schedule` from its row and how many assignments are active on it (any
+    incarnation's: drained means no job of it runs anywhere)."""
     return Schedule(
         cordoned=cordoned,
         draining=drain_requested and active_jobs > 0,
@@ -196,18 +183,21 @@ def schedule_of(*, cordoned: bool, drain_requested: bool, active_jobs: int) -> S
     )
 
 
+def _schedule_fields(row: Any) -> dict[str, bool]:
+    """``cordoned``, ``draining`` and ``drained`` of a worker's row that lists its ``job_ids``."""
+    drain_requested, active_jobs = bool(row["drain_requested"]), len(row["job_ids"])
+    return attrs.asdict(
+        schedule_of(cordoned=bool(row["cordoned"]), drain_requested=drain_requested, active_jobs=active_jobs)
+    )
+
+
 def worker_schedule_reply(row: Any) -> pb.WorkerScheduleReply:
     """A ``WorkerScheduleReply`` from an answer row of :data:`actors.queries.CORDON_WORKER`,
     ``UNCORDON_WORKER`` or ``DRAIN_WORKER`` (a JSON object: the stored answer)."""
     job_ids = [int(j) for j in row["job_ids"]]
-    schedule = schedule_of(
-        cordoned=bool(row["cordoned"]), drain_requested=bool(row["drain_requested"]), active_jobs=len(job_ids)
-    )
     return pb.WorkerScheduleReply(
         worker_id=row["id"],
-        cordoned=schedule.cordoned,
-        draining=schedule.draining,
-        drained=schedule.drained,
+        **_schedule_fields(row),
         drain_deadline_unix_s=row["drain_deadline_unix_s"] or 0.0,
         job_ids=job_ids,
         unhealthy=bool(row.get("unhealthy", False)),
@@ -217,11 +207,6 @@ def worker_schedule_reply(row: Any) -> pb.WorkerScheduleReply:
 
 def _worker_info(r: Any) -> pb.WorkerInfo:
     """A ``WorkerInfo`` from a row of :data:`actors.queries.STATUS_WORKERS`."""
-    schedule = schedule_of(
-        cordoned=bool(r["cordoned"]),
-        drain_requested=bool(r["drain_requested"]),
-        active_jobs=len(r["job_ids"]),
-    )
     return pb.WorkerInfo(
         id=r["id"],
         address=r["address"],
@@ -233,9 +218,7 @@ def _worker_info(r: Any) -> pb.WorkerInfo:
         job_ids=list(r["job_ids"]),
         incarnation=r["incarnation"],
         last_heartbeat_age_s=r["heartbeat_age_s"],
-        cordoned=schedule.cordoned,
-        draining=schedule.draining,
-        drained=schedule.drained,
+        **_schedule_fields(r),
         drain_deadline_unix_s=r["drain_deadline_unix_s"] or 0.0,
         labels=json.loads(r["labels"]) if r["labels"] else {},
         unhealthy=bool(r["unhealthy"]),
@@ -255,10 +238,9 @@ def status_reply(
     env_values: bool,
     heartbeat_policy: Any = None,
 ) -> tuple[pb.StatusReply, dict[str, Any]]:
-    """The status reply from the rows of its five queries, with its lists of workers and of
+    """The status reply from the rows of its queries, with its lists of workers and of
     unschedulable jobs apart, to be built lazily (the ``elements`` of
-    :func:`protocol.wire.encode_steps`); the jobs' environment values only with ``env_values``
-    (:func:`job_info`); ``heartbeat_policy``: the row of STATUS_HEARTBEAT_POLICY (None: not read)."""
+    :func:`protocol.wire.encode_steps`); ``heartbeat_policy``: None when not read."""
     assert lease is not None
     leader = lease["holder"] if lease["live"] and lease["holder"] else ""
     by_state = {r["state"]: r["count"] for r in counts}

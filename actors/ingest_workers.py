@@ -29,25 +29,15 @@ def registration_args(
     request: pb.RegisterWorkerRequest, labels: dict[str, str], digest: bytes
 ) -> tuple[Any, ...]:
     """The parameters REGISTER_WORKER and CONTINUE_WORKER begin with, in their order."""
-    return (
-        request.worker_id,
-        request.address,
-        request.cpu_millis,
-        request.memory_mb,
-        json.dumps(labels),
-        request.agent_run_id,
-        request.registration_seq,
-        digest,
-    )
+    asked = (request.worker_id, request.address, request.cpu_millis, request.memory_mb, json.dumps(labels))
+    return (*asked, request.agent_run_id, request.registration_seq, digest)
 
 
 def same_registration(row: Any, request: pb.RegisterWorkerRequest, digest: bytes) -> int:
-    """The incarnation of the registration stored in ``row`` (the worker's), which ``request``
-    is a copy of (same agent run and number).
+    """The incarnation of the registration stored in ``row``, which ``request`` is a copy of.
 
     Raises:
-        IdempotencyConflict: the stored registration asked for another address, capacity or
-            labels (``digest`` differs).
+        IdempotencyConflict: the stored one asked for another address, capacity or labels.
     """
     stored = row["registration_sha256"]
     if stored is not None and bytes(stored) != digest:
@@ -59,8 +49,15 @@ def same_registration(row: Any, request: pb.RegisterWorkerRequest, digest: bytes
                 incarnation=row["incarnation"],
             )
         )
-    incarnation: int = row["incarnation"]
-    return incarnation
+    return int(row["incarnation"])
+
+
+async def lock_and_record(conn: PgConnection, worker_id: str, finished: list[pb.JobOutcome]) -> None:
+    """Lock the worker's row first, as heartbeats and registrations take it (one lock order),
+    then record its ``finished`` outcomes, whatever comes of the rest (a result is never lost)."""
+    await conn.fetchval(queries.LOCK_WORKER, worker_id)
+    if finished:
+        await conn.fetchval(queries.RECORD_OUTCOMES, worker_id, *outcome_arrays(finished))
 
 
 @attrs.define
@@ -98,14 +95,10 @@ class WorkerHandlers(HeartbeatHandlers):
             # so the sweep of the old one finds these assignments finished. Before all, the
             # worker's registrations one at a time (queries.LOCK_REGISTRATION).
             await conn.fetchval(queries.LOCK_REGISTRATION, request.worker_id)
-            await conn.fetchval(queries.LOCK_WORKER, request.worker_id)
-            if finished:
-                await conn.fetchval(queries.RECORD_OUTCOMES, request.worker_id, *outcome_arrays(finished))
-            # A copy of a registration already applied (a hedged or retried one) is told apart
-            # first, under the row's lock: REGISTER_WORKER draws the incarnation from a sequence
-            # before its conflict check, so running it for every copy would use up a number each
-            # (a storm of copies read as a storm of incarnations). REGISTER_WORKER's own condition
-            # still refuses a copy, should one get past this.
+            await lock_and_record(conn, request.worker_id, finished)
+            # A copy of an applied registration is told apart first, under the row's lock:
+            # REGISTER_WORKER draws the incarnation from a sequence before its conflict check,
+            # so each copy would use up a number.
             row = await conn.fetchrow(queries.WORKER_REGISTRATION, request.worker_id)
             again: bool = (
                 row is not None
@@ -175,14 +168,10 @@ class WorkerHandlers(HeartbeatHandlers):
         digest: bytes,
     ) -> pb.RegisterWorkerReply:
         """A restarted agent's registration that asks to continue ``request.resume_incarnation``
-        (docs/design.md, "Restarts"), in one transaction: the outcomes first (whatever comes of
-        the rest), then the row continued only if it is still alive in that incarnation
-        (:data:`actors.queries.CONTINUE_WORKER`), and then the active assignments of it that the
-        agent does not hold released and the held ones confirmed. A copy of a continuation
-        already applied (same agent run and number) gets ``resumed`` again and releases
-        nothing more: assignments placed on the continued incarnation since are its agent's.
-        Anything else (the row dead, left, registered again, unknown) continues nothing and is
-        answered ``resumed: false``, incarnation 0.
+        (docs/design.md, "Restarts"), in one transaction: the outcomes, then the row continued
+        only if still alive in that incarnation, the unheld assignments released and the held
+        ones confirmed. A copy of an applied continuation gets ``resumed`` again and releases
+        nothing more; anything else is answered ``resumed: false``, incarnation 0.
 
         Raises:
             IdempotencyConflict: a copy of an applied continuation with another address,
@@ -191,14 +180,10 @@ class WorkerHandlers(HeartbeatHandlers):
         worker_id, incarnation = request.worker_id, request.resume_incarnation
 
         async def resume(conn: PgConnection) -> tuple[bool, list[int], list[int], Any, Any]:
-            # The worker's row first, as heartbeats and registrations take it (one lock order).
-            await conn.fetchval(queries.LOCK_WORKER, worker_id)
-            if finished:
-                await conn.fetchval(queries.RECORD_OUTCOMES, worker_id, *outcome_arrays(finished))
+            await lock_and_record(conn, worker_id, finished)
             continued = await conn.fetchval(
                 queries.CONTINUE_WORKER, *registration_args(request, labels, digest), incarnation
             )
-            released: list[int] = []
             if continued is None:
                 row = await conn.fetchrow(queries.WORKER_REGISTRATION, worker_id)
                 copy = (
@@ -213,24 +198,19 @@ class WorkerHandlers(HeartbeatHandlers):
                 same_registration(row, request, digest)
                 released = list(await conn.fetchval(queries.RELEASED_ASSIGNMENTS, worker_id, incarnation))
             else:
-                released = list(
-                    await conn.fetchval(
-                        queries.RELEASE_UNHELD_ASSIGNMENTS, worker_id, incarnation, list(held)
-                    )
-                )
-            stop = list(
-                await conn.fetchval(queries.CONFIRM_HELD_ASSIGNMENTS, worker_id, incarnation, list(held))
-            )
+                sql = queries.RELEASE_UNHELD_ASSIGNMENTS
+                released = list(await conn.fetchval(sql, worker_id, incarnation, list(held)))
+            sql = queries.CONFIRM_HELD_ASSIGNMENTS
+            stop = list(await conn.fetchval(sql, worker_id, incarnation, list(held)))
             await faults.hit("ingest.promise_before_commit")
+            defaults = self._told_defaults()
             if continued is not None:
                 # Last, so the worker's silence counts from the commit, not from the start.
                 told = await conn.fetchrow(
-                    queries.STAMP_REGISTRATION, worker_id, incarnation, False, *self._told_defaults()
+                    queries.STAMP_REGISTRATION, worker_id, incarnation, False, *defaults
                 )
             else:  # a copy answered again: what it tells is recorded too, nothing is stamped
-                told = await conn.fetchrow(
-                    queries.TELL_WORKER, worker_id, incarnation, *self._told_defaults()
-                )
+                told = await conn.fetchrow(queries.TELL_WORKER, worker_id, incarnation, *defaults)
             return True, stop, released, await conn.fetchrow(queries.EPOCH_AND_CLOCK), told
 
         async with self.database("register_worker") as conn:
@@ -266,15 +246,11 @@ class WorkerHandlers(HeartbeatHandlers):
         )
 
     async def leave_worker(self, request: pb.LeaveWorkerRequest) -> pb.LeaveWorkerReply:
-        """Record a clean stop: the worker's outcomes, then its row ``left`` (an unfenced write,
-        like a heartbeat), if the request names the incarnation that is alive now and the
-        agent run that registered it. The leader ends that incarnation's assignments as
-        stopped and requeues their jobs in its next reconcile pass (a fenced write).
-
-        The agent sends it only once it has stopped every job. Anything else (an earlier
-        incarnation, another run, a worker already declared dead or unknown) changes nothing
-        and is answered ``left: false`` with the reason; a copy of a leave already applied
-        is answered ``left: true`` again.
+        """Record a clean stop, sent once the agent stopped every job: the worker's outcomes,
+        then its row ``left`` if the request names the alive incarnation and the agent run that
+        registered it (the leader then ends its assignments and requeues their jobs). Anything
+        else changes nothing and is answered ``left: false`` with the reason; a copy of an
+        applied leave is answered ``left: true`` again.
 
         Raises:
             InvalidArgument: a field out of range (nothing is stored).
@@ -288,11 +264,7 @@ class WorkerHandlers(HeartbeatHandlers):
         worker_id, incarnation = request.worker_id, request.incarnation
 
         async def leave(conn: PgConnection) -> tuple[Any, int]:
-            # The worker's row first, as heartbeats and registrations take it (one lock order),
-            # then the outcomes, recorded whatever the leave's fate (a result is never lost).
-            await conn.fetchval(queries.LOCK_WORKER, worker_id)
-            if finished:
-                await conn.fetchval(queries.RECORD_OUTCOMES, worker_id, *outcome_arrays(finished))
+            await lock_and_record(conn, worker_id, finished)
             row = await conn.fetchrow(queries.LEAVE_WORKER, worker_id, incarnation, request.agent_run_id)
             await faults.hit("ingest.promise_before_commit")
             return row, await conn.fetchval(queries.CURRENT_EPOCH)
@@ -314,8 +286,7 @@ class WorkerHandlers(HeartbeatHandlers):
     async def _worker_schedule(
         self, rpc: str, sql: str, worker_id: str, *args: Any, key: str, items: list[Any]
     ) -> pb.WorkerScheduleReply:
-        """Carry out a cordon, uncordon or drain of ``worker_id`` once per idempotency ``key``
-        (an unfenced request: the placer and the reconciler act on it while leader).
+        """Carry out a cordon, uncordon or drain of ``worker_id`` once per idempotency ``key``.
 
         Raises:
             NotFound: no worker has that id; nothing was stored.
@@ -343,28 +314,25 @@ class WorkerHandlers(HeartbeatHandlers):
 
     async def cordon_worker(self, request: pb.CordonWorkerRequest) -> pb.WorkerScheduleReply:
         """Cordon a worker: no new placement on it; its running jobs go on."""
-        worker_id = check_worker_id(request.worker_id)
-        key = check_idempotency_key(request.idempotency_key)
-        return await self._worker_schedule(
-            "cordon_worker", queries.CORDON_WORKER, worker_id, key=key, items=[worker_id]
-        )
+        return await self._cordon("cordon_worker", queries.CORDON_WORKER, request)
 
     async def uncordon_worker(self, request: pb.UncordonWorkerRequest) -> pb.WorkerScheduleReply:
         """End a worker's cordon and any drain of it, and clear its mark as unhealthy: it takes
         placements again."""
+        return await self._cordon("uncordon_worker", queries.UNCORDON_WORKER, request)
+
+    async def _cordon(
+        self, rpc: str, sql: str, request: pb.CordonWorkerRequest | pb.UncordonWorkerRequest
+    ) -> pb.WorkerScheduleReply:
         worker_id = check_worker_id(request.worker_id)
         key = check_idempotency_key(request.idempotency_key)
-        return await self._worker_schedule(
-            "uncordon_worker", queries.UNCORDON_WORKER, worker_id, key=key, items=[worker_id]
-        )
+        return await self._worker_schedule(rpc, sql, worker_id, key=key, items=[worker_id])
 
     async def drain_worker(self, request: pb.DrainWorkerRequest) -> pb.WorkerScheduleReply:
         """Drain a worker: cordon it, and with a deadline have the leader stop and requeue
         what still runs there once it has passed (see ``schema.sql``, drain and cordon)."""
         worker_id = check_worker_id(request.worker_id)
-        deadline_ms = None
-        if request.has_deadline:
-            deadline_ms = check_drain_deadline_ms(request.deadline_ms)
+        deadline_ms = check_drain_deadline_ms(request.deadline_ms) if request.has_deadline else None
         key = check_idempotency_key(request.idempotency_key)
         deadline_s = None if deadline_ms is None else deadline_ms / 1000
         return await self._worker_schedule(

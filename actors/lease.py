@@ -1,15 +1,14 @@
 """The lease keeper: takeover, renewal, local step-down, clean release.
 
-Takes the lease over when it expired by database time or its leader's session is gone, renews
-it, steps down on its own before it can have expired, and releases it on a clean stop; publishes
-:class:`Elected` / :class:`Deposed` (with an increasing ``seq``) to its subscribers, answers
-:class:`QueryRole`, steps down on :class:`EpochSuperseded`. All of this is liveness only: every
-decision is fenced by the epoch in the ledger. docs/design.md, "The lease keeper".
+Publishes :class:`Elected` / :class:`Deposed` (with an increasing ``seq``) to its subscribers,
+answers :class:`QueryRole`, steps down on :class:`EpochSuperseded`. Liveness only: every decision
+is fenced by the epoch in the ledger. docs/design.md, "The lease keeper".
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import suppress
 from typing import Any, Protocol, TypeVar
 
 import attrs
@@ -55,13 +54,9 @@ class LeaseStore(Protocol):
 
 @attrs.define
 class PgLeaseStore:
-    """:class:`LeaseStore` on its own PostgreSQL connection, reconnecting after a failure
-    (with backoff, and logging the outage once per change: :class:`runtime.aio.ReconnectingConnection`).
-
-    The connection is also the leader's proof of life: it holds the advisory lock of the epoch
-    it leads. After a reconnect the leader takes the lock again before renewing; if it cannot
-    (a standby holds it and is taking over), the renewal reports the lease lost.
-    """
+    """:class:`LeaseStore` on its own reconnecting PostgreSQL connection, which is also the
+    leader's proof of life: it holds the advisory lock of the epoch it leads (taken again after
+    a reconnect before renewing)."""
 
     database_url: str
     application_name: str
@@ -157,8 +152,6 @@ class LeaseKeeper:
     """Whether the last takeover probe failed."""
     _log: Any = attrs.field(factory=lambda: log.get("lease"))
 
-    # ------------------------------------------------------------ role changes
-
     def _publish(self, change: RoleChange) -> None:
         self._role = change
         for channel in self.subscribers:
@@ -171,35 +164,34 @@ class LeaseKeeper:
 
     def _elect(self, epoch: int) -> None:
         self.epoch = epoch
-        self._seq += 1
         metrics.LEASE_ELECTIONS.inc()
         metrics.LEASE_EPOCH.set(epoch)
         self._log.info("elected", epoch=epoch)
-        self._publish(Elected(seq=self._seq, epoch=epoch))
+        self._publish(Elected(seq=self._next_seq(), epoch=epoch))
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
 
     def _depose(self, cause: str, reason: str) -> None:
         """Stop leading: publish :class:`Deposed` with ``reason`` (words for the logs and the
         subscribers), counted by ``cause`` (one of :data:`runtime.metrics.STEP_DOWN_CAUSES`)."""
         epoch = self.epoch or 0
         self.epoch = None
-        self._seq += 1
         metrics.LEASE_STEP_DOWNS.labels(cause).inc()
         metrics.LEASE_EPOCH.set(0)
         self._log.warning("deposed", epoch=epoch, reason=reason)
-        self._publish(Deposed(seq=self._seq, epoch=epoch, reason=reason))
+        self._publish(Deposed(seq=self._next_seq(), epoch=epoch, reason=reason))
         if epoch:
             self._relinquish.append(epoch)
         if self._leader_wait is not None:
             self._leader_wait.cancel()
 
-    # ------------------------------------------------------------ the actor
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep (or wait for) the lease until cancelled; release it on the way out."""
         store = await self.open_store()
         self.epoch = None
-        self._seq += 1
-        self._publish(Deposed(seq=self._seq, epoch=0, reason="starting"))
+        self._publish(Deposed(seq=self._next_seq(), epoch=0, reason="starting"))
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._serve_inbox)
@@ -243,10 +235,8 @@ class LeaseKeeper:
             if self.epoch is None:
                 while self._relinquish:
                     with trio.move_on_after(s.statement_timeout_s):
-                        try:
+                        with suppress(DatabaseUnavailable):  # a broken connection has let go of it already
                             await store.relinquish(self._relinquish[0])
-                        except DatabaseUnavailable:
-                            pass  # a broken connection has let go of it already
                     self._relinquish.pop(0)
                 sent = trio.current_time()
                 epoch: int | None = None
@@ -281,11 +271,8 @@ class LeaseKeeper:
             return  # deposed while waiting
         stalled_s = self._main_loop_stalled()
         if stalled_s is not None:
-            self._depose(
-                "main_loop_stalled",
-                f"the main loop has not run for {stalled_s:.1f} s "
-                f"(max_main_loop_stall_s {self.settings.max_main_loop_stall_s:g})",
-            )
+            limit = f"max_main_loop_stall_s {self.settings.max_main_loop_stall_s:g}"
+            self._depose("main_loop_stalled", f"the main loop has not run for {stalled_s:.1f} s ({limit})")
             return
         failures = 0
         while trio.current_time() < step_down_at:
@@ -319,10 +306,9 @@ def open_pg_store(
     """A store factory for :class:`LeaseKeeper` on a real database."""
 
     async def open_store() -> LeaseStore:
+        name = f"stockade {cp_id} lease"
         return PgLeaseStore(
-            database_url=database_url,
-            application_name=f"stockade {cp_id} lease",
-            statement_timeout_s=settings.statement_timeout_s,
+            database_url, application_name=name, statement_timeout_s=settings.statement_timeout_s
         )
 
     return open_store

@@ -1,17 +1,16 @@
 """The ledger: the one connection that runs fenced writes, and owns the epoch share lock.
 
-Every decision (placements, dead-worker declarations, ended assignments, a drain's requeues,
-worker health marks) is a request to :class:`Ledger` carrying the epoch the decider acts under;
-it runs in a fenced transaction (a placer round's placements: one fenced statement,
-``queries.COMMIT_PLACEMENTS``) of at most ``max_rows_per_fenced_write`` rows, and a refused one
-is recorded and reported to the lease keeper. docs/design.md, "How decisions are fenced" and
-"The ledger".
+Every decision is a request to :class:`Ledger` carrying the epoch the decider acts under; it
+runs in a fenced transaction (placements: one fenced statement) of at most
+``max_rows_per_fenced_write`` rows, and a refused one is recorded and reported to the lease
+keeper. docs/design.md, "How decisions are fenced" and "The ledger".
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 import attrs
@@ -43,19 +42,15 @@ from runtime.settings.leader import LedgerSettings
 
 T = TypeVar("T")
 
-# Test-only switch for the negative control (tests/e2e/unfenced_launcher.py flips it in a
-# control-plane process it starts): with fencing off there is no epoch check and no share
-# lock, no idle-in-transaction timeout, and placements claim jobs whatever their state, so a
-# frozen old leader's write commits when it wakes. Not reachable from the CLI, the settings or
-# the environment.
+# Test-only switch for the negative control (tests/e2e/unfenced_launcher.py flips it): with
+# fencing off a frozen old leader's write commits when it wakes. Not reachable from the CLI,
+# the settings or the environment.
 _FENCING_ENABLED = True
 
 
 def decision_log_keys(message: LedgerInbox) -> dict[str, Any]:
-    """The ids a fenced decision is about, as log keys (runtime/log.py: a line about a batch
-    lists its ids): ``job_ids`` (and ``worker_ids``, in parallel) of placements, ``worker_ids``
-    of dead-worker declarations, ``assignment_ids`` of ended assignments, ``job_ids`` of
-    settled waiting jobs."""
+    """The ids a fenced decision is about, as log keys (``job_ids``, ``worker_ids``,
+    ``assignment_ids``; runtime/log.py: a line about a batch lists its ids)."""
     match message:
         case CommitPlacements(placements=placements):
             return {
@@ -91,15 +86,12 @@ class Ledger:
         server_settings = {
             "application_name": f"stockade {self.cp_id} ledger",
             "idle_in_transaction_session_timeout": session_ms(s.idle_in_transaction_timeout_s),
-            # The longest a fenced statement holds the lease's share lock (see the module
-            # docstring), waits for a row another session locked included.
+            # The longest a fenced statement holds the lease's share lock, row-lock waits included.
             "statement_timeout": session_ms(s.statement_timeout_s),
             "lock_timeout": session_ms(s.statement_timeout_s),
-            # Plan each prepared statement once: its plan does not depend on the arrays passed,
-            # and planning the placement statement again every round cost about 0.4 ms.
+            # Plan each prepared statement once (planning the placement statement cost 0.4 ms).
             "plan_cache_mode": "force_generic_plan",
-            # A statement whose client dropped it (answer deadline, lost connection) is ended
-            # by the server within this long instead of running on to its end.
+            # A statement whose client dropped it is ended by the server within this long.
             "client_connection_check_interval": session_ms(s.client_check_interval_s),
         }
         if not _FENCING_ENABLED:
@@ -108,9 +100,7 @@ class Ledger:
             self.database_url,
             server_settings,
             owner="ledger",
-            # A fenced write is bounded as a whole by answer_timeout_s (_answer_deadline); the
-            # same bound on each call covers the rest (the epoch read after a lost connection,
-            # the record of a refused write) without cutting a slow COMMIT shorter than before.
+            # A fenced write is bounded as a whole by _answer_deadline; this bounds the other calls.
             call_timeout_s=s.answer_timeout_s,
         )
 
@@ -128,72 +118,57 @@ class Ledger:
         finally:
             await self._db.close()
 
-    def _too_large(self, message: LedgerInbox) -> InvalidArgument | None:
-        """Why ``message`` asks for more rows than one fenced write may hold, or None."""
-        limit = self.settings.max_rows_per_fenced_write
-        rule = f"must be <= max_rows_per_fenced_write = {limit} (slice the decision into several writes)"
+    def _decision(self, message: LedgerInbox) -> tuple[str, int, str]:
+        """What ``message`` asks the ledger to write: a short description (``stale_writes``,
+        logs), its rows, and the field that holds them."""
         match message:
             case CommitPlacements(placements=placements, reasons=reasons):
-                rows = len(placements) + len(reasons)
-                field = "placements + reasons"
-            case DeclareDeadWorkers(max_ended=rows) | EndOrphanedAssignments(max_ended=rows):
-                field = "max_ended"
-            case EndAssignments(assignment_ids=ids) | EndDrainedAssignments(assignment_ids=ids):
-                rows, field = len(ids), "assignment_ids"
-            case SettleWaitingJobs(release=release, cancel=cancel):
-                rows, field = len(release) + len(cancel), "release + cancel"
-            case RecordWorkerHealth(changes=changes):
-                rows, field = len(changes), "changes"
-            case SetHeartbeatPolicy():
-                rows, field = 1, "policy"
-        return InvalidArgument(field, rows, rule) if rows > limit else None
-
-    def _decision(self, message: LedgerInbox) -> tuple[str, str, Callable[[PgConnection], Awaitable[Any]]]:
-        """What ``message`` asks the ledger to write: its kind (fault points, metrics), a short
-        description (``stale_writes``, logs) and its writes."""
-        match message:
-            case CommitPlacements():
-                what = f"commit {len(message.placements)} placements"
-                return "commit_placements", what, lambda c: self._commit_placements(c, message)
-            case DeclareDeadWorkers():
                 return (
-                    "declare_dead_workers",
-                    "declare dead workers",
-                    lambda c: self._declare_dead(c, message),
+                    f"commit {len(placements)} placements",
+                    len(placements) + len(reasons),
+                    "placements + reasons",
                 )
-            case EndOrphanedAssignments():
-                what = "end orphaned assignments"
-                return "end_orphaned_assignments", what, lambda c: self._end_orphans(c, message)
-            case EndAssignments():
-                what = f"end {len(message.assignment_ids)} assignments ({message.reason})"
-                return "end_assignments", what, lambda c: self._end_assignments(c, message)
-            case SettleWaitingJobs():
-                what = f"settle {len(message.release) + len(message.cancel)} waiting jobs"
-                return "settle_waiting_jobs", what, lambda c: self._settle_waiting(c, message)
-            case EndDrainedAssignments():
-                what = f"end {len(message.assignment_ids)} assignments (drained)"
-                return "end_drained_assignments", what, lambda c: self._end_drained(c, message)
-            case RecordWorkerHealth():
-                what = f"record the health of {len(message.changes)} workers"
-                return "record_worker_health", what, lambda c: self._record_health(c, message)
+            case DeclareDeadWorkers(max_ended=rows):
+                return "declare dead workers", rows, "max_ended"
+            case EndOrphanedAssignments(max_ended=rows):
+                return "end orphaned assignments", rows, "max_ended"
+            case EndAssignments(assignment_ids=ids, reason=reason):
+                return f"end {len(ids)} assignments ({reason})", len(ids), "assignment_ids"
+            case EndDrainedAssignments(assignment_ids=ids):
+                return f"end {len(ids)} assignments (drained)", len(ids), "assignment_ids"
+            case SettleWaitingJobs(release=release, cancel=cancel):
+                rows = len(release) + len(cancel)
+                return f"settle {rows} waiting jobs", rows, "release + cancel"
+            case RecordWorkerHealth(changes=changes):
+                return f"record the health of {len(changes)} workers", len(changes), "changes"
             case SetHeartbeatPolicy():
-                what = "set the heartbeat interval"
-                return "set_heartbeat_policy", what, lambda c: self._set_heartbeat_policy(c, message)
+                return "set the heartbeat interval", 1, "policy"
 
     async def _handle(self, message: LedgerInbox) -> None:
         reply: Reply[Any] = message.reply
-        too_large = self._too_large(message)
-        if too_large is not None:
+        what, rows, field = self._decision(message)
+        limit = self.settings.max_rows_per_fenced_write
+        if rows > limit:
             # A decider's bug: answered, not run; the asker fails loudly.
+            rule = f"must be <= max_rows_per_fenced_write = {limit} (slice the decision into several writes)"
+            too_large = InvalidArgument(field, rows, rule)
             self._log.error("fenced write refused: too large", error=str(too_large))
             reply.fail(too_large)
             return
-        kind, what, op = self._decision(message)
-        # Placements carry the fence in their one statement; every other decision is a
-        # fenced transaction.
-        write = self.fenced_statement if isinstance(message, CommitPlacements) else self.fenced
+        # The decision's kind (fault points, metrics) is its message's name in snake case, and
+        # its writes the method of that name.
+        kind = re.sub(r"(?<!^)(?=[A-Z])", "_", type(message).__name__).lower()
+        write = getattr(self, f"_{kind}")
         try:
-            result = await write(message.epoch, what, op, kind=kind, log_keys=decision_log_keys(message))
+            result = await self.fenced(
+                message.epoch,
+                what,
+                lambda c: write(c, message),
+                kind=kind,
+                log_keys=decision_log_keys(message),
+                # Placements carry the fence in their one statement.
+                statement=isinstance(message, CommitPlacements),
+            )
         except (StaleEpoch, DatabaseUnavailable) as exc:
             reply.fail(exc)
         except Exception as exc:
@@ -208,34 +183,41 @@ class Ledger:
         self,
         epoch: int,
         what: str,
-        op: Callable[[PgConnection], Awaitable[T]],
+        op: Callable[[PgConnection], Awaitable[Any]],
         *,
         kind: str = "write",
         log_keys: Mapping[str, Any] | None = None,
-    ) -> T:
-        """Run ``op`` in one transaction that commits only if ``epoch`` is current.
+        statement: bool = False,
+    ) -> Any:
+        """Run ``op`` so that it commits only if ``epoch`` is current: in one transaction that
+        checks the epoch under ``FOR KEY SHARE`` first or, with ``statement``, as one statement
+        that carries the fence itself and returns (the epoch it saw, its result).
 
         Args:
-            epoch: the epoch the decision was made under.
             what: a short description, for ``stale_writes`` and logs.
-            op: the decision's writes, given the connection inside the transaction.
             kind: names the fault points ``ledger.<kind>.before_transaction`` and
-                ``ledger.<kind>.after_epoch_check`` (tests park one kind of decision there;
-                ``ledger.after_epoch_check`` catches every kind).
-            log_keys: the decision's ids (``job_ids``, ``assignment_ids``, ``worker_ids``),
-                added to the line that logs a refusal (:func:`decision_log_keys`).
+                ``ledger.<kind>.after_epoch_check``, or ``ledger.<kind>.before_statement``.
+            log_keys: the decision's ids, for the line that logs a refusal.
+
+        Returns:
+            ``op``'s result (with ``statement``: the second of its pair).
 
         Raises:
-            StaleEpoch: ``epoch`` is not the current one (checked under ``FOR KEY SHARE``), or the
-                session ended while a newer epoch took over.
+            StaleEpoch: ``epoch`` is not the current one, or the session ended while a newer
+                epoch took over; nothing was written.
             DatabaseUnavailable: the connection failed; the writes may or may not have
                 committed (callers treat the outcome as unknown).
         """
         conn = await self._connection()
-        await faults.hit(f"ledger.{kind}.before_transaction")
+        await faults.hit(f"ledger.{kind}.before_{'statement' if statement else 'transaction'}")
         try:
             with self._answer_deadline(what):
-                return await self._transaction(conn, epoch, op, kind)
+                if not statement:
+                    return await self._transaction(conn, epoch, op, kind)
+                seen, result = await op(conn)
+            if seen != epoch and _FENCING_ENABLED:
+                raise StaleEpoch(epoch, seen)
+            return result
         except StaleEpoch as exc:
             await self._refused(
                 epoch, exc.epoch_seen, what, kind=kind, reason="stale_epoch", log_keys=log_keys
@@ -276,43 +258,6 @@ class Ledger:
             yield
         if scope.cancelled_caught:
             raise DatabaseUnavailable(f"{what}: no answer within {limit_s:g} s, connection dropped")
-
-    async def fenced_statement(
-        self,
-        epoch: int,
-        what: str,
-        op: Callable[[PgConnection], Awaitable[tuple[int, T]]],
-        *,
-        kind: str = "write",
-        log_keys: Mapping[str, Any] | None = None,
-    ) -> T:
-        """Run ``op``: one statement that carries the fence itself and returns the epoch it saw
-        under ``FOR KEY SHARE`` with its result; it wrote nothing unless that epoch is ``epoch``.
-
-        Args:
-            epoch: the epoch the decision was made under.
-            what: a short description, for ``stale_writes`` and logs.
-            op: sends the statement outside any transaction; returns (epoch seen, result).
-            kind: names the fault point ``ledger.<kind>.before_statement``.
-            log_keys: as in :meth:`fenced`.
-
-        Raises:
-            StaleEpoch: the statement saw a newer epoch and wrote nothing.
-            DatabaseUnavailable: the connection failed; the statement may or may not have
-                committed (callers treat the outcome as unknown).
-        """
-        conn = await self._connection()
-        await faults.hit(f"ledger.{kind}.before_statement")
-        try:
-            with self._answer_deadline(what):
-                seen, result = await op(conn)
-        except DatabaseUnavailable:
-            await self._deposed_if_superseded(epoch, what, kind, log_keys)
-            raise
-        if seen != epoch and _FENCING_ENABLED:
-            await self._refused(epoch, seen, what, kind=kind, reason="stale_epoch", log_keys=log_keys)
-            raise StaleEpoch(epoch, seen)
-        return result
 
     async def _deposed_if_superseded(
         self, epoch: int, what: str, kind: str, log_keys: Mapping[str, Any] | None = None
@@ -360,12 +305,8 @@ class Ledger:
             await conn.execute(queries.RECORD_STALE_WRITE, self.cp_id, epoch, epoch_seen, what)
         except DatabaseUnavailable as exc:
             self._log.warning("could not record refused write", error=str(exc))
-        try:
+        with suppress(trio.WouldBlock):
             self.lease_inbox.send_nowait(EpochSuperseded(epoch=epoch, epoch_seen=epoch_seen))
-        except trio.WouldBlock:
-            pass
-
-    # ------------------------------------------------------------ the decisions' writes
 
     async def _commit_placements(
         self, conn: PgConnection, message: CommitPlacements
@@ -403,7 +344,7 @@ class Ledger:
         )
         return int(rows[0]["epoch_seen"]), committed
 
-    async def _declare_dead(self, conn: PgConnection, message: DeclareDeadWorkers) -> ReconcileResult:
+    async def _declare_dead_workers(self, conn: PgConnection, message: DeclareDeadWorkers) -> ReconcileResult:
         dead = []
         if message.workers:
             dead = await conn.fetch(
@@ -414,10 +355,10 @@ class Ledger:
                 [incarnation for _, incarnation in message.workers],
                 message.silence_floor_unix_s,
             )
-        orphans = await self._end_orphans(conn, message)
+        orphans = await self._end_orphaned_assignments(conn, message)
         return attrs.evolve(orphans, dead_worker_ids=tuple(r["id"] for r in dead))
 
-    async def _end_orphans(
+    async def _end_orphaned_assignments(
         self, conn: PgConnection, message: DeclareDeadWorkers | EndOrphanedAssignments
     ) -> ReconcileResult:
         row = await conn.fetchrow(
@@ -452,7 +393,7 @@ class Ledger:
         )
         return tuple(int(r["id"]) for r in rows)
 
-    async def _settle_waiting(self, conn: PgConnection, message: SettleWaitingJobs) -> SettledJobs:
+    async def _settle_waiting_jobs(self, conn: PgConnection, message: SettleWaitingJobs) -> SettledJobs:
         row = await conn.fetchrow(
             queries.SETTLE_WAITING_JOBS,
             list(message.release),
@@ -465,11 +406,13 @@ class Ledger:
             cancelled_job_ids=tuple(int(i) for i in row["cancelled_ids"]),
         )
 
-    async def _end_drained(self, conn: PgConnection, message: EndDrainedAssignments) -> tuple[int, ...]:
+    async def _end_drained_assignments(
+        self, conn: PgConnection, message: EndDrainedAssignments
+    ) -> tuple[int, ...]:
         rows = await conn.fetch(queries.END_DRAINED_ASSIGNMENTS, message.epoch, list(message.assignment_ids))
         return tuple(int(r["id"]) for r in rows)
 
-    async def _record_health(
+    async def _record_worker_health(
         self, conn: PgConnection, message: RecordWorkerHealth
     ) -> tuple[tuple[str, bool], ...]:
         changes = message.changes

@@ -24,6 +24,8 @@ from runtime.tls import WORKER, ClientTls, Expected
 STREAMS = ("stdout", "stderr")
 MAX_OFFSET = 2**63 - 1
 """The largest output offset a read may begin at (a worker's file offset, ``off_t``)."""
+_PASSED_ON = ("follow", "has_tail", "tail_lines", "tail_max_bytes", "has_offset")
+"""The fields of a ReadJobLogs request that its worker's ReadLogs request carries as they are."""
 
 
 @attrs.frozen(kw_only=True)
@@ -53,17 +55,9 @@ def check_read_job_logs(request: pb.ReadJobLogsRequest) -> pb.ReadJobLogsRequest
         check_assignment_id(request.assignment_id)
     if request.has_offset and request.offset > MAX_OFFSET:
         raise InvalidArgument("offset", request.offset, f"must be at most {MAX_OFFSET}")
-    return pb.ReadJobLogsRequest(
-        job_id=request.job_id,
-        stream=stream,
-        follow=request.follow,
-        has_tail=request.has_tail,
-        tail_lines=request.tail_lines,
-        tail_max_bytes=request.tail_max_bytes,
-        assignment_id=request.assignment_id,
-        has_offset=request.has_offset,
-        offset=request.offset if request.has_offset else 0,
-    )
+    offset = request.offset if request.has_offset else 0
+    kept = {field: getattr(request, field) for field in (*_PASSED_ON, "job_id", "assignment_id")}
+    return pb.ReadJobLogsRequest(stream=stream, offset=offset, **kept)
 
 
 def log_source(job_id: int, row: Any, assignment_id: int = 0) -> LogSource:
@@ -74,10 +68,8 @@ def log_source(job_id: int, row: Any, assignment_id: int = 0) -> LogSource:
     Raises:
         NotFound: no job has that id.
         InvalidArgument: it is a sleep job (which writes no output).
-        FailedPrecondition: none of its runs has started (the message says its state), or
-            the run asked for is not one of its runs that started.
-        Unavailable: the run's worker was declared dead or left the cluster; the message
-            names it and its address.
+        FailedPrecondition: none of its runs (or not the one asked for) has started.
+        Unavailable: the run's worker was declared dead or left the cluster.
     """
     if row is None:
         raise NotFound(f"job_id {job_id} not found")
@@ -108,28 +100,21 @@ def log_source(job_id: int, row: Any, assignment_id: int = 0) -> LogSource:
         worker_id=row["worker_id"],
         address=row["address"],
     )
-    if row["worker_state"] == "dead":
+    gone = {"dead": "was declared dead", "left": "left the cluster (its agent stopped)"}.get(
+        row["worker_state"]
+    )
+    if gone:
         raise Unavailable(
-            f"worker {source.worker_id} at {source.address} was declared dead: the output of job {job_id} "
+            f"worker {source.worker_id} at {source.address} {gone}: the output of job {job_id} "
             f"(assignment {source.assignment_id}) is kept on that worker only"
-        )
-    if row["worker_state"] == "left":
-        raise Unavailable(
-            f"worker {source.worker_id} at {source.address} left the cluster (its agent stopped): the "
-            f"output of job {job_id} (assignment {source.assignment_id}) is kept on that worker only"
         )
     return source
 
 
 @attrs.define
 class LogRelay:
-    """Relays a worker's ReadLogs stream to a ReadJobLogs caller (module docstring).
-
-    Args:
-        cp_id: this replica, named in busy answers.
-        settings: the timeouts and how many streams at once.
-        tls: this replica's client certificate for calling workers; None: plaintext.
-    """
+    """Relays a worker's ReadLogs stream to a ReadJobLogs caller; ``tls``: this replica's client
+    certificate for calling workers (None: plaintext)."""
 
     cp_id: str
     settings: IngestSettings
@@ -147,11 +132,7 @@ class LogRelay:
         return channel
 
     def admit(self) -> None:
-        """Refuse a stream beyond ``max_log_streams``.
-
-        Raises:
-            Busy: this replica relays that many already.
-        """
+        """Raise Busy when this replica relays ``max_log_streams`` streams already."""
         if self.streams >= self.settings.max_log_streams:
             raise Busy(
                 f"busy: {self.cp_id} relays {self.streams} output streams already "
@@ -172,13 +153,7 @@ class LogRelay:
             worker_id=source.worker_id,
             job_id=source.job_id,
             assignment_id=source.assignment_id,
-            stream=request.stream,
-            follow=request.follow,
-            has_tail=request.has_tail,
-            tail_lines=request.tail_lines,
-            tail_max_bytes=request.tail_max_bytes,
-            has_offset=request.has_offset,
-            offset=request.offset,
+            **{field: getattr(request, field) for field in (*_PASSED_ON, "stream", "offset")},
         )
         deadline = rpc_deadline()
         timeout_s = None if math.isinf(deadline) else max(0.001, deadline - trio.current_time())
@@ -196,19 +171,21 @@ class LogRelay:
             ) as chunks:
                 async for chunk in chunks:
                     await send(chunk)
-        except NotFound as exc:
-            _log_failure(source, request, exc)
-            raise FailedPrecondition(str(exc)) from exc
-        except Busy as exc:
-            _log_failure(source, request, exc)
-            raise Busy(f"{worker}: {exc}") from exc
-        except PermissionDenied as exc:
-            # The worker refused this replica's certificate: a fault of the cluster's, not the
-            # caller's; another replica may be let in.
-            _log_failure(source, request, exc)
-            raise Unavailable(f"{worker} refused {self.cp_id}: {exc}") from exc
-        except Unavailable as exc:
-            _log_failure(source, request, exc)
+        except (NotFound, Busy, PermissionDenied, Unavailable) as exc:
+            log.get("logs").info(
+                "output relay failed",
+                job_id=source.job_id,
+                assignment_id=source.assignment_id,
+                worker_id=source.worker_id,
+                stream=request.stream,
+                error=str(exc),
+            )
+            if isinstance(exc, NotFound):
+                raise FailedPrecondition(str(exc)) from exc
+            if isinstance(exc, Busy):
+                raise Busy(f"{worker}: {exc}") from exc
+            if isinstance(exc, PermissionDenied):  # a fault of the cluster's: another replica may be let in
+                raise Unavailable(f"{worker} refused {self.cp_id}: {exc}") from exc
             raise Unavailable(
                 f"{worker} is unreachable ({exc}): the output of job {source.job_id} (assignment "
                 f"{source.assignment_id}) is kept on that worker only"
@@ -222,15 +199,3 @@ class LogRelay:
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
-
-
-def _log_failure(source: LogSource, request: pb.ReadJobLogsRequest, exc: Exception) -> None:
-    """One line for a relay its worker failed, keyed by the job, its run and its worker."""
-    log.get("logs").info(
-        "output relay failed",
-        job_id=source.job_id,
-        assignment_id=source.assignment_id,
-        worker_id=source.worker_id,
-        stream=request.stream,
-        error=str(exc),
-    )

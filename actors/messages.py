@@ -1,7 +1,10 @@
 """The typed messages the control-plane actors exchange over trio memory channels.
 
 Each inbox has one union type (``LeaseInbox``, ``LedgerInbox``, ...). A request that wants an
-answer carries a :class:`runtime.reply.Reply`. Protobuf types never appear here.
+answer carries a :class:`runtime.reply.Reply`. Protobuf types never appear here. A fenced write
+(``LedgerInbox``) fails with :class:`runtime.errors.StaleEpoch` when its ``epoch`` is not
+current, and with :class:`runtime.errors.InvalidArgument` when it holds more rows than the
+ledger's ``max_rows_per_fenced_write`` (nothing is written).
 """
 
 from __future__ import annotations
@@ -11,8 +14,6 @@ import attrs
 from actors.heartbeat_policy import HeartbeatPolicy
 from runtime.jobs import JobSpec
 from runtime.reply import Reply
-
-# ---------------------------------------------------------------- lease keeper -> everyone
 
 
 @attrs.frozen(kw_only=True)
@@ -34,8 +35,6 @@ class Deposed:
 
 RoleChange = Elected | Deposed
 
-# ---------------------------------------------------------------- -> lease keeper
-
 
 @attrs.frozen(kw_only=True)
 class EpochSuperseded:
@@ -53,8 +52,6 @@ class QueryRole:
 
 
 LeaseInbox = EpochSuperseded | QueryRole
-
-# ---------------------------------------------------------------- -> ledger (fenced writes)
 
 
 @attrs.frozen(kw_only=True)
@@ -92,13 +89,8 @@ class CommittedAssignment:
 @attrs.frozen(kw_only=True)
 class CommitPlacements:
     """Commit ``placements`` under ``epoch``; claim only jobs still pending (invariant 3).
-
-    ``reasons`` sets ``jobs.reason`` for pending jobs (``""`` clears it), never for a job
-    placed here. The reply holds the assignments actually created (a job cancelled meanwhile is
-    skipped). Fails with :class:`runtime.errors.Deposed` when ``epoch`` is not current, and with
-    :class:`runtime.errors.InvalidArgument` when placements and reasons together exceed the
-    ledger's ``max_rows_per_fenced_write`` (nothing is written).
-    """
+    ``reasons`` sets ``jobs.reason`` for pending jobs not placed here (``""`` clears it). The
+    reply holds the assignments actually created."""
 
     epoch: int
     placements: tuple[Placement, ...]
@@ -118,22 +110,17 @@ class ReconcileResult:
     orphaned_worker_ids: tuple[str, ...] = ()
     """The worker of each of ``orphaned_assignment_ids``, in its order."""
     more_orphans: bool = False
-    """The batch of endings was full: orphaned assignments may be left for another batch
-    (:class:`EndOrphanedAssignments`)."""
+    """The batch of endings was full: ask for the rest (:class:`EndOrphanedAssignments`)."""
 
 
 @attrs.frozen(kw_only=True)
 class DeclareDeadWorkers:
-    """Under ``epoch``: declare dead the listed (worker_id, incarnation) pairs, each only if it
-    is still alive in that incarnation and still has no heartbeat for ``dead_after_s``
-    (re-checked by database time in the same transaction); then end the first ``max_ended``
-    active assignments of dead workers and of incarnations no longer current (orphans) as
-    lost, and requeue their jobs, each not to be placed again before a random time below its
-    backoff cap (seconds; entry k of ``requeue_backoff_caps_s`` after the job's k-th loss, the
-    last entry after any later one; empty: no backoff); those of an incarnation that left are
-    orphans too, ended as stopped, their jobs requeued with no backoff and no loss counted. An
-    empty ``workers`` only ends orphans.
-    The reply's ``more_orphans`` says whether to ask for the rest (:class:`EndOrphanedAssignments`)."""
+    """Under ``epoch``: declare dead the listed (worker_id, incarnation) pairs still alive in
+    that incarnation and silent for ``dead_after_s`` (re-checked by database time); then end the
+    first ``max_ended`` active assignments of dead workers and of incarnations no longer current
+    (orphans) as lost, requeueing their jobs with a random wait below their backoff cap (entry k
+    of ``requeue_backoff_caps_s`` after the k-th loss, the last after any later one; empty: none).
+    Orphans of an incarnation that left end as stopped, requeued with no backoff and no loss."""
 
     epoch: int
     workers: tuple[tuple[str, int], ...]
@@ -149,11 +136,8 @@ class DeclareDeadWorkers:
 
 @attrs.frozen(kw_only=True)
 class EndOrphanedAssignments:
-    """Under ``epoch``: one more batch of :class:`DeclareDeadWorkers`' endings, in a fenced
-    transaction of its own: end the first ``max_ended`` active assignments of dead workers and
-    of incarnations no longer current as lost, and requeue their jobs with the backoff of
-    ``requeue_backoff_caps_s`` (those of an incarnation that left: as stopped, without). The
-    reply's ``dead_worker_ids`` is empty."""
+    """Under ``epoch``: one more batch of :class:`DeclareDeadWorkers`' endings of orphans, in a
+    fenced transaction of its own; the reply's ``dead_worker_ids`` is empty."""
 
     epoch: int
     requeue_backoff_caps_s: tuple[float, ...]
@@ -164,12 +148,8 @@ class EndOrphanedAssignments:
 @attrs.frozen(kw_only=True)
 class EndAssignments:
     """Under ``epoch``: end active assignments that their worker acknowledged cancelling.
-
-    ``requeue`` True puts the job back to pending (an unconfirmed assignment withdrawn: a loss,
-    with the backoff of :class:`DeclareDeadWorkers`, ``requeue_backoff_caps_s``); False marks
-    the job cancelled (the user asked). The reply lists the ids really ended. At most the
-    ledger's ``max_rows_per_fenced_write`` ids (else :class:`runtime.errors.InvalidArgument`).
-    """
+    ``requeue`` puts the job back to pending (a loss, with the backoff of
+    ``requeue_backoff_caps_s``); else the job is cancelled. The reply lists the ids ended."""
 
     epoch: int
     assignment_ids: tuple[int, ...]
@@ -178,9 +158,8 @@ class EndAssignments:
     requeue_backoff_caps_s: tuple[float, ...]
     reply: Reply[tuple[int, ...]]
     timed_out: bool = False
-    """The leader stopped these runs because their job outlived its ``timeout_s`` by the margin
-    (the worker did not): each spends an attempt, and its job is retried after its backoff or,
-    with none left, ends failed with reason timeout (``requeue`` is ignored)."""
+    """The leader stopped these runs past their ``timeout_s``: each spends an attempt, and its
+    job is retried after its backoff or ends failed with reason timeout (``requeue`` ignored)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -195,11 +174,9 @@ class SettledJobs:
 
 @attrs.frozen(kw_only=True)
 class SettleWaitingJobs:
-    """Under ``epoch``: settle waiting jobs (:mod:`actors.dependencies`): make ``release``
-    pending and cancel each job of ``cancel`` (job id, its dependency that failed or was
-    cancelled) as ``dependency_failed: job N``, each only if its rule still holds when the
-    transaction finds it. At most the ledger's ``max_rows_per_fenced_write`` jobs in all (else
-    :class:`runtime.errors.InvalidArgument`)."""
+    """Under ``epoch``: make ``release`` pending and cancel each job of ``cancel`` (job id, its
+    dependency that failed or was cancelled) as ``dependency_failed: job N``, each only if its
+    rule still holds (:mod:`actors.dependencies`)."""
 
     epoch: int
     release: tuple[int, ...]
@@ -209,11 +186,9 @@ class SettleWaitingJobs:
 
 @attrs.frozen(kw_only=True)
 class EndDrainedAssignments:
-    """Under ``epoch``: end active assignments that a drain's deadline stopped, once their
-    worker acknowledged the stop (invariant 6), as stopped (``drained``), and put their jobs
-    back to pending at once: no loss counted, no backoff (a job whose cancel was asked ends
-    cancelled). The reply lists the ids really ended. At most the ledger's
-    ``max_rows_per_fenced_write`` ids (else :class:`runtime.errors.InvalidArgument`)."""
+    """Under ``epoch``: end as stopped (``drained``) active assignments a drain's deadline
+    stopped and their worker acknowledged, and requeue their jobs at once with no loss or
+    backoff (a job whose cancel was asked ends cancelled). The reply lists the ids ended."""
 
     epoch: int
     assignment_ids: tuple[int, ...]
@@ -222,11 +197,10 @@ class EndDrainedAssignments:
 
 @attrs.frozen(kw_only=True)
 class RecordWorkerHealth:
-    """Under ``epoch``: mark workers unhealthy or clear their marks (:mod:`actors.health`), each
-    ``(worker_id, health_version judged, unhealthy, reason)`` only if the worker's version is
-    still the one judged. A mark lets a probe be placed ``probe_after_s`` later (0: never). The
-    reply lists ``(worker_id, unhealthy)`` for the changes really written. At most the ledger's
-    ``max_rows_per_fenced_write`` changes (else :class:`runtime.errors.InvalidArgument`)."""
+    """Under ``epoch``: mark workers unhealthy or clear their marks, each ``(worker_id,
+    health_version judged, unhealthy, reason)`` only if the version is still the one judged; a
+    mark lets a probe be placed ``probe_after_s`` later (0: never). The reply lists
+    ``(worker_id, unhealthy)`` for the changes written."""
 
     epoch: int
     changes: tuple[tuple[str, int, bool, str], ...]
@@ -254,8 +228,6 @@ LedgerInbox = (
     | RecordWorkerHealth
     | SetHeartbeatPolicy
 )
-
-# ---------------------------------------------------------------- -> dispatcher (worker RPCs)
 
 
 @attrs.frozen(kw_only=True)
@@ -290,8 +262,7 @@ class CancelOnWorker:
 
 @attrs.frozen(kw_only=True)
 class Connect:
-    """Open connections to these workers ahead of their first dispatch (best effort: nothing
-    is sent on them, and a worker that cannot be reached now is tried at its dispatch)."""
+    """Open connections to these workers ahead of their first dispatch (best effort)."""
 
     workers: tuple[WorkerRef, ...]
 

@@ -51,10 +51,7 @@ _QUEUE_COLUMNS = (
 @attrs.define
 class PendingQueue:
     """Pending jobs in placement order (priority high first, then job id), as numpy arrays,
-    so a round can skip at once every job that cannot fit the largest free room.
-
-    Owned by one placer; :func:`actors.placement.place` builds a throwaway one.
-    """
+    so a round can skip at once every job that cannot fit the largest free room."""
 
     ids: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
     cpu: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
@@ -65,8 +62,7 @@ class PendingQueue:
     group: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
     """Each job's constraint group: an index into :attr:`groups`."""
     groups: list[tuple[Constraint, ...]] = attrs.field(factory=lambda: [()])
-    """The distinct constraints of the jobs ever held; group 0 is none. Only grows (a few
-    entries: jobs of one kind share their constraints)."""
+    """The distinct constraints of the jobs ever held; group 0 is none. Only grows."""
     _group_of: dict[tuple[Constraint, ...], int] = attrs.field(factory=lambda: {(): 0})
     since: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.float64))
     """When each job joined this queue, in the owner's clock (seconds); kept across
@@ -82,9 +78,8 @@ class PendingQueue:
     _shape_of: dict[Shape, int] = attrs.field(factory=dict)
     _shape_table: np.ndarray = attrs.field(factory=lambda: np.empty((0, 4), dtype=np.int64))
     reasons: dict[int, str] = attrs.field(factory=dict)
-    """The reason currently stored for a pending job (absent: none). Changed only through
-    :meth:`replace`, :meth:`add`, :meth:`remove` and :meth:`store_reasons`, which keep
-    :attr:`reason_code` in step."""
+    """The reason currently stored for a pending job (absent: none); change it only through the
+    methods, which keep :attr:`reason_code` in step."""
     reason_code: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
     """Each job's stored reason as an index into :attr:`reason_texts` (-1: none), so a round
     compares the reasons of many jobs at once (:meth:`code_of`)."""
@@ -124,17 +119,20 @@ class PendingQueue:
         self.shapes, self._shape_of, self._shape_table = [], {}, np.empty((0, 4), dtype=np.int64)
         self.reason_texts, self._code_of = [], {}
         self.reasons = {k: v for k, v in (reasons or {}).items() if v}
+        shapes = self._shapes_of(cpu, mem, container, group)
         self._store(
-            ids,
-            cpu,
-            mem,
-            prio,
-            container,
-            group,
-            since,
-            _times(ids, not_before),
-            self._shapes_of(cpu, mem, container, group),
-            self._codes_of(ids, self.reasons),
+            (
+                ids,
+                cpu,
+                mem,
+                prio,
+                container,
+                group,
+                since,
+                _times(ids, not_before),
+                shapes,
+                self._codes_of(ids, self.reasons),
+            )
         )
         self.failed_on = {j.job_id: j.failed_on for j in jobs if j.failed_on}
 
@@ -166,17 +164,25 @@ class PendingQueue:
                 self.reasons[job_id] = reason
             if job_id in failed_on:
                 self.failed_on[job_id] = failed_on[job_id]
+        since = np.full(ids.size, now, dtype=np.float64)
+        shapes = self._shapes_of(cpu, mem, container, group)
+        added = (
+            ids,
+            cpu,
+            mem,
+            prio,
+            container,
+            group,
+            since,
+            _times(ids, not_before),
+            shapes,
+            self._codes_of(ids, self.reasons),
+        )
         self._store(
-            np.concatenate((self.ids, ids)),
-            np.concatenate((self.cpu, cpu)),
-            np.concatenate((self.mem, mem)),
-            np.concatenate((self.prio, prio)),
-            np.concatenate((self.container, container)),
-            np.concatenate((self.group, group)),
-            np.concatenate((self.since, np.full(ids.size, now, dtype=np.float64))),
-            np.concatenate((self.not_before, _times(ids, not_before))),
-            np.concatenate((self.shape, self._shapes_of(cpu, mem, container, group))),
-            np.concatenate((self.reason_code, self._codes_of(ids, self.reasons))),
+            [
+                np.concatenate((getattr(self, name), new))
+                for name, new in zip(_QUEUE_COLUMNS, added, strict=True)
+            ]
         )
         return int(ids.size)
 
@@ -206,13 +212,7 @@ class PendingQueue:
                 failed_on=self.failed_on.get(i, ()),
             )
             for i, c, m, p, k, g in zip(
-                self.ids.tolist(),
-                self.cpu.tolist(),
-                self.mem.tolist(),
-                self.prio.tolist(),
-                self.container.tolist(),
-                self.group.tolist(),
-                strict=True,
+                *(getattr(self, name).tolist() for name in _QUEUE_COLUMNS[:6]), strict=True
             )
         ]
 
@@ -233,22 +233,10 @@ class PendingQueue:
         """The jobs whose requeue backoff has not passed at ``now``."""
         return set(self.ids[self.not_before > now].tolist())
 
-    def _store(
-        self,
-        ids: np.ndarray,
-        cpu: np.ndarray,
-        mem: np.ndarray,
-        prio: np.ndarray,
-        container: np.ndarray,
-        group: np.ndarray,
-        since: np.ndarray,
-        not_before: np.ndarray,
-        shape: np.ndarray,
-        reason_code: np.ndarray,
-    ) -> None:
-        """Hold these columns, put in placement order (priority high first, then job id)."""
-        order = np.lexsort((ids, -prio))
-        columns = (ids, cpu, mem, prio, container, group, since, not_before, shape, reason_code)
+    def _store(self, columns: Sequence[np.ndarray]) -> None:
+        """Hold these columns (those of :data:`_QUEUE_COLUMNS`, in its order), put in placement
+        order (priority high first, then job id)."""
+        order = np.lexsort((columns[0], -columns[3]))
         for name, column in zip(_QUEUE_COLUMNS, columns, strict=True):
             setattr(self, name, column[order])
         self.version += 1
@@ -318,16 +306,9 @@ class PendingQueue:
 def _columns(jobs: Sequence[PendingJob]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(ids, cpu_millis, memory_mb, priority) of ``jobs`` as int64 arrays and whether each is
     a container job (bool), in the given order."""
-    table = np.array(
-        [(j.job_id, j.cpu_millis, j.memory_mb, j.priority, j.needs_container) for j in jobs], dtype=np.int64
-    ).reshape(-1, 5)
-    return (
-        table[:, 0].copy(),
-        table[:, 1].copy(),
-        table[:, 2].copy(),
-        table[:, 3].copy(),
-        table[:, 4].astype(bool),
-    )
+    rows = [(j.job_id, j.cpu_millis, j.memory_mb, j.priority, j.needs_container) for j in jobs]
+    columns = np.array(rows, dtype=np.int64).reshape(-1, 5).T.copy()
+    return columns[0], columns[1], columns[2], columns[3], columns[4].astype(bool)
 
 
 def _times(ids: np.ndarray, times: Mapping[int, float] | None) -> np.ndarray:

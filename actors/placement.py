@@ -1,10 +1,8 @@
 """Placement as a pure function: pending jobs x free capacity -> placements.
 
 :func:`place_queue_steps` decides a round in slices (:func:`place_queue` in one go,
-:func:`place` on a list of jobs) by one of :data:`POLICIES` (``best_fit``, ``first_fit``,
-``worst_fit``), with reservations, pacing, retries elsewhere, containers and constraints; the
-:class:`Plan` it returns holds the placements and the :class:`Unschedulable` reasons. The rules
-and their sources: docs/design.md, "Placement: the policies".
+:func:`place` on a list of jobs) by one of ``PLACEMENT_POLICIES``. The rules and their sources:
+docs/design.md, "Placement: the policies".
 """
 
 from __future__ import annotations
@@ -23,9 +21,8 @@ from runtime.settings.leader import PLACEMENT_POLICIES
 
 
 class Unschedulable(Mapping[int, str]):
-    """job_id -> unschedulable reason of a :class:`Plan`, held as one reason per job shape and
-    the jobs' positions in the queue, so that a round with many unschedulable jobs does no
-    Python work per job unless something reads them one by one (the dict is built then).
+    """job_id -> unschedulable reason, held as one reason per job shape so that a round does no
+    Python work per unschedulable job unless something reads them one by one.
 
     Attributes:
         at: the jobs' positions in the queue the plan was made from, ascending (int64).
@@ -35,17 +32,9 @@ class Unschedulable(Mapping[int, str]):
     """
 
     def __init__(
-        self,
-        at: np.ndarray | None = None,
-        ids: np.ndarray | None = None,
-        shapes: np.ndarray | None = None,
-        by_shape: Mapping[int, str] | None = None,
+        self, at: np.ndarray, ids: np.ndarray, shapes: np.ndarray, by_shape: Mapping[int, str]
     ) -> None:
-        empty = np.empty(0, dtype=np.int64)
-        self.at = empty if at is None else at
-        self.ids = empty if ids is None else ids
-        self.shapes = empty if shapes is None else shapes
-        self.by_shape: Mapping[int, str] = by_shape or {}
+        self.at, self.ids, self.shapes, self.by_shape = at, ids, shapes, by_shape
         self._dict: dict[int, str] | None = None
 
     def _built(self) -> dict[int, str]:
@@ -73,12 +62,9 @@ class Unschedulable(Mapping[int, str]):
 
 @attrs.frozen(kw_only=True)
 class Plan:
-    """The outcome of one round's decision.
-
-    ``placements`` is a tuple of (job_id, worker_id) in decision order; ``unschedulable`` maps
-    job ids that no live worker could ever hold to the reason shown to operators; ``sizes`` maps
-    each placed job id to its (cpu_millis, memory_mb); ``reservations`` the workers kept free.
-    """
+    """One round's decision: ``placements`` (job_id, worker_id) in decision order, the
+    ``unschedulable`` reasons of jobs no live worker could ever hold, and ``sizes``: placed
+    job_id -> (cpu_millis, memory_mb)."""
 
     placements: tuple[tuple[int, str], ...]
     unschedulable: Unschedulable
@@ -89,15 +75,6 @@ class Plan:
     """job_id -> the workers where it failed, for the jobs not placed because only those had
     room for it (it waits for another: :func:`elsewhere`)."""
 
-    @property
-    def placements_by_job(self) -> dict[int, str]:
-        """job_id -> worker_id."""
-        return dict(self.placements)
-
-
-POLICIES = PLACEMENT_POLICIES
-"""The policies :func:`place_queue_steps` knows (:data:`runtime.settings.leader.PLACEMENT_POLICIES`)."""
-
 
 def place(
     jobs: Sequence[PendingJob],
@@ -106,20 +83,8 @@ def place(
     policy: str = PLACEMENT_POLICIES[0],
     max_reservations: int = 0,
 ) -> Plan:
-    """Decide where each job goes (a job may reserve a worker at once: no waiting time).
-
-    Args:
-        jobs: pending jobs, in any order (taken by priority desc, then job_id).
-        workers: live workers with their current allocation.
-        policy: ``best_fit``, ``first_fit`` or ``worst_fit``.
-        max_reservations: most workers kept free for jobs that fit no free room yet.
-
-    Returns:
-        The placements (never over-committing a worker) and the unschedulable reasons.
-
-    Raises:
-        ValueError: unknown policy, or a negative ``max_reservations``.
-    """
+    """:func:`place_queue` on ``jobs`` in any order (taken by priority desc, then job_id); a job
+    may reserve a worker at once."""
     queue = PendingQueue()
     queue.replace(jobs)
     return place_queue(queue, workers, policy=policy, max_reservations=max_reservations)
@@ -143,19 +108,16 @@ def place_queue_steps(
     reason_cache: ReasonCache | None = None,
 ) -> Generator[None, None, Plan]:
     """Decide a round in slices: a generator that yields after every ``step_visits`` jobs it
-    considered (placed, skipped or given a reason) and returns the :class:`Plan`. It places at
-    most ``max_placements`` and reserves at most ``max_reservations`` workers, each for a job
-    that has been in the queue for ``reserve_after_s`` or more at ``now`` (the queue's clock;
-    docs/design.md, "Placement: the policies"). A worker receives at most its
-    ``placement_limit``; a job whose ``not_before`` is after ``now`` is left alone. The caller
-    may let other tasks run at each yield; nothing it reads changes meanwhile (the queue and the
-    rooms are the caller's snapshot).
+    considered and returns the :class:`Plan`. It places at most ``max_placements`` and reserves
+    at most ``max_reservations`` workers, each for a job queued ``reserve_after_s`` or more
+    before ``now`` (the queue's clock). A worker receives at most its ``placement_limit``; a job
+    whose ``not_before`` is after ``now`` is left alone.
 
     Raises:
         ValueError: unknown policy, a negative ``max_reservations``, or ``step_visits`` < 1.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    if policy not in PLACEMENT_POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(PLACEMENT_POLICIES)}, got {policy!r}")
     if max_reservations < 0:
         raise ValueError(f"max_reservations must be at least 0, got {max_reservations}")
     if step_visits < 1:
@@ -192,17 +154,8 @@ def place_queue_steps(
     def fit_by_shape(
         room_cpu: np.ndarray, room_mem: np.ndarray, among: np.ndarray | None = None
     ) -> np.ndarray:
-        return fits_by_kind(
-            shape_container,
-            shape_group,
-            shape_cpu,
-            shape_mem,
-            room_cpu,
-            room_mem,
-            runs_containers,
-            group_rooms,
-            among=among,
-        )
+        shapes = (shape_container, shape_group, shape_cpu, shape_mem)
+        return fits_by_kind(*shapes, room_cpu, room_mem, runs_containers, group_rooms, among=among)
 
     holdable = fit_by_shape(cap_cpu, cap_mem)[queue.shape]
     # The reasons, one per shape of the jobs no worker could hold (from the cache while the
@@ -224,14 +177,12 @@ def place_queue_steps(
         keep = np.isin(stuck_shapes, np.fromiter(by_shape, dtype=np.int64))
         stuck, stuck_shapes = stuck[keep], stuck_shapes[keep]
     unschedulable = Unschedulable(stuck, queue.ids[stuck], stuck_shapes, by_shape)
+    plan = Plan(placements=(), unschedulable=unschedulable)
     placements: list[tuple[int, str]] = []
-    sizes: dict[int, tuple[int, int]] = {}
-    reservations: dict[str, int] = {}
-    held_back: dict[int, tuple[str, ...]] = {}
+    sizes, reservations, held_back = plan.sizes, plan.reservations, plan.held_back
     unreserved = np.ones(len(ordered), dtype=bool)
     limit = len(queue) if max_placements is None else max_placements
-    position = 0
-    visited = 0
+    position = visited = 0
     while ordered and position < len(queue) and len(placements) < limit:
         # The jobs from here on that fit at least one open worker's free room (unreserved, with
         # placements left), in queue order, and the first ones that fit no unreserved worker's
@@ -256,8 +207,7 @@ def place_queue_steps(
             if blocked.size:
                 visit = fitting.copy()
                 visit[blocked] = True
-        refilter = False
-        misses = 0
+        refilter, misses = False, 0
         for offset in np.flatnonzero(visit).tolist():
             visited += 1
             if visited % step_visits == 0:
@@ -307,13 +257,7 @@ def place_queue_steps(
                 break
         if not refilter:
             break
-    return Plan(
-        placements=tuple(placements),
-        unschedulable=unschedulable,
-        sizes=sizes,
-        reservations=reservations,
-        held_back=held_back,
-    )
+    return attrs.evolve(plan, placements=tuple(placements))
 
 
 P = ParamSpec("P")
@@ -331,12 +275,7 @@ def in_one_go(steps: Callable[P, Generator[None, None, T]]) -> Callable[P, T]:
 
 
 place_queue = in_one_go(place_queue_steps)
-""":func:`place` on a :class:`PendingQueue`, in its order: :func:`place_queue_steps` run to its end
-in one go (its parameters, its errors).
-
-Cost: one vectorised pass over the queue to keep only jobs that fit some free room (tested against
-the Pareto frontier of the free rooms, a binary search per job; in a full cluster almost none fit),
-then one vectorised pass over the workers per candidate."""
+""":func:`place_queue_steps` run to its end in one go (its parameters, its errors)."""
 
 
 MISSES_BEFORE_REFILTER = 32
@@ -352,12 +291,10 @@ def elsewhere(
     cap_cpu: np.ndarray,
     cap_mem: np.ndarray,
 ) -> np.ndarray:
-    """The workers of ``allowed`` a job of (``cpu``, ``mem``) that failed on the workers named
-    ``failed_on`` may go to: those where it did not fail, when one of them could hold it (by its
-    capacity: the job waits for such a one to have room rather than go back where it failed);
-    else ``allowed`` itself (it failed wherever it could run: a soft preference, as Nomad's
-    reschedule prefers a node no previous allocation used). ``position_of`` maps worker ids to
-    their index in the arrays."""
+    """The workers of ``allowed`` a job of (``cpu``, ``mem``) that failed on ``failed_on`` may go
+    to: those where it did not fail, when one of them could hold it by capacity; else ``allowed``
+    (a soft preference, as Nomad's reschedule prefers a node no previous allocation used).
+    ``position_of`` maps worker ids to their index in the arrays."""
     failed = np.zeros(allowed.size, dtype=bool)
     for worker_id in failed_on:
         k = position_of.get(worker_id)
@@ -366,9 +303,7 @@ def elsewhere(
     if not failed.any():
         return allowed
     others = allowed & ~failed
-    if (others & (cap_cpu >= cpu) & (cap_mem >= mem)).any():
-        return others
-    return allowed
+    return others if (others & (cap_cpu >= cpu) & (cap_mem >= mem)).any() else allowed
 
 
 def _reserve(

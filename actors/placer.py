@@ -21,7 +21,7 @@ from actors.pending_queue import PendingQueue
 from actors.placer_store import LiveWorker, PendingMark, PlacerStore, WaitingJob
 from actors.role import RoleView
 from actors.rooms import ReasonCache
-from actors.round_plan import RoundPlan, plan_round_steps
+from actors.round_plan import plan_round_steps
 from actors.write_size import FencedWrites
 from runtime import faults, log, metrics
 from runtime.errors import DatabaseUnavailable, StaleEpoch
@@ -31,8 +31,7 @@ from runtime.settings.leader import PlacerSettings
 
 def _not_before(waiting: list[WaitingJob]) -> dict[int, float]:
     """job_id -> trio time before which it must not be placed, for the jobs read with a backoff
-    wait. Counted from now, after the read returned: never earlier than the database's
-    ``not_before``, whose wait was computed when the read began."""
+    wait (counted from after the read: never earlier than the database's ``not_before``)."""
     now = trio.current_time()
     return {w.job.job_id: now + w.wait_s for w in waiting if w.wait_s > 0}
 
@@ -51,7 +50,7 @@ def packing(workers: Sequence[LiveWorker]) -> tuple[int, int, int, int, int]:
 
 
 def _show_packing(workers: Sequence[LiveWorker]) -> None:
-    """Show what a round read in the cluster packing gauges (one pass over the workers)."""
+    """Show what a round read in the cluster packing gauges (none: a standby's, all zero)."""
     count, cpu, cpu_allocated, memory, memory_allocated = packing(workers)
     metrics.set_cluster_packing(
         workers=count,
@@ -59,13 +58,6 @@ def _show_packing(workers: Sequence[LiveWorker]) -> None:
         cpu_allocated_millis=cpu_allocated,
         memory_mb=memory,
         memory_allocated_mb=memory_allocated,
-    )
-
-
-def _forget_packing() -> None:
-    """A standby shows no packing: the leader's gauges are the cluster's."""
-    metrics.set_cluster_packing(
-        workers=0, cpu_millis=0, cpu_allocated_millis=0, memory_mb=0, memory_allocated_mb=0
     )
 
 
@@ -110,7 +102,7 @@ class Placer(FencedWrites):
         await self.role.every_interval_while_leader(
             self.settings.round_interval_s,
             self._logged_round,
-            on_standby=_forget_packing,
+            on_standby=lambda: _show_packing(()),
             task_status=task_status,
         )
 
@@ -136,26 +128,19 @@ class Placer(FencedWrites):
         became pending since (both in one round trip)."""
         s = self.settings
         now = trio.current_time()
-        if self._synced_epoch != epoch or now - self._synced_at >= s.resync_interval_s:
+        full = self._synced_epoch != epoch or now - self._synced_at >= s.resync_interval_s
+        if full:
             workers = await self.store.live_workers(s.worker_fresh_s)
             waiting, self._mark = await self.store.pending_jobs(s.max_jobs_per_round)
-            self.queue.replace(
-                [w.job for w in waiting],
-                {w.job.job_id: w.reason for w in waiting},
-                now=now,
-                not_before=_not_before(waiting),
-            )
             self._synced_epoch, self._synced_at = epoch, now
-            return workers
-        workers, waiting, self._mark = await self.store.read_round(
-            s.worker_fresh_s, self._mark, s.max_jobs_per_round
-        )
-        if waiting:
-            self.queue.add(
-                [w.job for w in waiting],
-                {w.job.job_id: w.reason for w in waiting},
-                now=now,
-                not_before=_not_before(waiting),
+        else:
+            workers, waiting, self._mark = await self.store.read_round(
+                s.worker_fresh_s, self._mark, s.max_jobs_per_round
+            )
+        if full or waiting:
+            jobs, reasons = [w.job for w in waiting], {w.job.job_id: w.reason for w in waiting}
+            (self.queue.replace if full else self.queue.add)(
+                jobs, reasons, now=now, not_before=_not_before(waiting)
             )
         return workers
 
@@ -183,7 +168,16 @@ class Placer(FencedWrites):
         if not len(self.queue):
             metrics.ROUNDS.labels("empty").inc()
             return ()
-        plan = await self._plan(workers, now=read_done)
+        steps = plan_round_steps(
+            self.queue,
+            workers,
+            self.settings,
+            max_rows=self.write_size().rows,
+            now=read_done,
+            idle_fingerprint=self._idle_fingerprint,
+            reason_cache=self._reasons,
+        )
+        plan = await finish_in_slices(steps)  # a checkpoint between slices; only this task changes the queue
         metrics.PLACER_BACKOFF_JOBS.set(len(plan.backing_off))
         metrics.PLACER_PHASE_SECONDS.labels("read").observe(read_done - started)
         if plan.outcome == "unchanged":
@@ -218,8 +212,6 @@ class Placer(FencedWrites):
         self.stats.placements += len(committed)
         metrics.PLACEMENTS.inc(len(committed))
         if committed:
-            # One line per round that placed, its ids as parallel lists (runtime/log.py): a round
-            # of 500 placements costs one line, not 500.
             self._log.info(
                 "placed",
                 epoch=epoch,
@@ -233,9 +225,8 @@ class Placer(FencedWrites):
 
     def _connect_ahead(self, epoch: int, workers: Sequence[LiveWorker]) -> None:
         """Have the dispatcher open connections to live workers it has not been told of under
-        ``epoch``, so a new leader's first assignments (and a fresh cluster's) do not wait for
-        a hundred connection set-ups (TLS handshakes) on this loop. Best effort: when the
-        dispatcher's inbox is full, the workers are told of in a later round."""
+        ``epoch``, so a new leader's first assignments do not wait for a hundred TLS handshakes
+        (best effort: with its inbox full, a later round tells it)."""
         if epoch != self._connect_epoch:
             self._connect_epoch, self._connected = epoch, set()
         new = tuple(w.ref for w in workers if (w.ref.worker_id, w.ref.address) not in self._connected)
@@ -246,21 +237,6 @@ class Placer(FencedWrites):
         except trio.WouldBlock:
             return
         self._connected.update((ref.worker_id, ref.address) for ref in new)
-
-    async def _plan(self, workers: list[LiveWorker], *, now: float) -> RoundPlan:
-        """The round's :class:`RoundPlan`, decided in slices with a checkpoint between them, so
-        a large queue does not hold the event loop (see :func:`plan_round_steps`). The queue is
-        not changed meanwhile: only this task changes it."""
-        steps = plan_round_steps(
-            self.queue,
-            workers,
-            self.settings,
-            max_rows=self.write_size().rows,
-            now=now,
-            idle_fingerprint=self._idle_fingerprint,
-            reason_cache=self._reasons,
-        )
-        return await finish_in_slices(steps)
 
     def _observe(self, started: float, placed: int, outcome: str) -> None:
         elapsed = trio.current_time() - started

@@ -1,9 +1,6 @@
-"""What a placer round reads, and the store that reads it (:mod:`actors.placer`).
-
-:class:`PlacerStore` is what a round needs; :class:`PgPlacerStore` reads it on a connection of
-its own with the placer's statements (:mod:`actors.queries.placer`), and a unit test passes a
-stand-in. :class:`PendingMark` marks how a round reads only the jobs that became pending
-since its previous read without missing one.
+"""What a placer round reads (:class:`PlacerStore`), and the store that reads it on a connection
+of its own (:class:`PgPlacerStore`). :class:`PendingMark` marks where the next incremental read
+of pending jobs begins.
 """
 
 from __future__ import annotations
@@ -39,11 +36,9 @@ class LiveWorker:
     confirmed: int = 0
     """Its incarnation's assignments a heartbeat has listed (running or finished) so far."""
     cordoned: bool = False
-    """Cordoned or draining (``workers.cordoned_at``): never placed on; read only so that an
-    unschedulable reason can say which workers it did not count."""
+    """Cordoned or draining: never placed on; read so that an unschedulable reason names it."""
     unhealthy: bool = False
-    """Marked unhealthy (``workers.unhealthy_at``, :mod:`actors.health`): placed on only while
-    its probe is due, one job at a time."""
+    """Marked unhealthy (:mod:`actors.health`): placed on only while its probe is due."""
     probe_due: bool = False
     """Unhealthy and its probe is due (``workers.unhealthy_probe_at`` has passed)."""
     trial: bool = False
@@ -65,16 +60,8 @@ class WaitingJob:
 class PendingMark:
     """Where the placer's next incremental read of pending jobs begins: every job whose
     ``(pending_xid, pending_seq)`` is above ``(xid, seq)``, and those at or below it that a
-    transaction in ``in_flight`` made pending.
-
-    Why a mark of transaction ids and not a sequence number: docs/design.md, "The placer's
-    incremental read".
-
-    Attributes:
-        xid: the mark's transaction id (``pending_xid``); 0 before any read.
-        seq: the mark's ``pending_seq`` within ``xid``.
-        in_flight: ids of transactions, below ``xid``, still in progress at the last read.
-    """
+    transaction in ``in_flight`` (below ``xid``, in progress at the last read) made pending;
+    ``xid`` 0 before any read (docs/design.md, "The placer's incremental read")."""
 
     xid: int = 0
     seq: int = 0
@@ -83,15 +70,9 @@ class PendingMark:
     def after_read(
         self, *, last_read: tuple[int, int] | None, snapshot_xmax: int, snapshot_xip: Iterable[int]
     ) -> PendingMark:
-        """The mark after a read from this one.
-
-        Args:
-            last_read: the last ``(pending_xid, pending_seq)`` read above this mark when that
-                read stopped at its limit (jobs above it were left for the next); None when it
-                returned every job above the mark.
-            snapshot_xmax: the read's ``pg_snapshot_xmax``.
-            snapshot_xip: the read's ``pg_snapshot_xip``.
-        """
+        """The mark after a read from this one, given the read's ``pg_snapshot_xmax`` and
+        ``pg_snapshot_xip``; ``last_read``: the last ``(pending_xid, pending_seq)`` read above
+        this mark when the read stopped at its limit, None when it returned every job above."""
         xid, seq = last_read if last_read is not None else (snapshot_xmax, 0)
         return PendingMark(xid=xid, seq=seq, in_flight=tuple(sorted(x for x in set(snapshot_xip) if x < xid)))
 
@@ -101,8 +82,7 @@ class PlacerStore(Protocol):
 
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
         """Alive workers heard from within ``fresh_s`` seconds (database time), cordoned and
-        unhealthy ones included and marked (:attr:`LiveWorker.cordoned`: the placer never places
-        on them; :attr:`LiveWorker.unhealthy`: only a probe, when it is due)."""
+        unhealthy ones included and marked."""
 
     async def pending_jobs(self, limit: int) -> tuple[list[WaitingJob], PendingMark]:
         """Up to ``limit`` pending jobs, highest priority and oldest first, and the mark after
@@ -198,40 +178,25 @@ def _constraints(text: str | None) -> tuple[Constraint, ...]:
     )
 
 
-def _live_worker(
-    worker_id: str,
-    address: str,
-    incarnation: int,
-    cpu: int,
-    memory: int,
-    cpu_allocated: int,
-    memory_allocated: int,
-    unconfirmed: int,
-    confirmed: int,
-    runs_containers: bool = False,
-    labels: str | None = None,
-    cordoned: bool = False,
-    unhealthy: bool = False,
-    probe_due: bool = False,
-    trial: bool = False,
-) -> LiveWorker:
+def _live_worker(w: Any) -> LiveWorker:
+    """A :class:`LiveWorker` from its :data:`_WORKER_COLUMNS`."""
     return LiveWorker(
-        ref=WorkerRef(worker_id=worker_id, address=address, incarnation=int(incarnation)),
+        ref=WorkerRef(worker_id=w["id"], address=w["address"], incarnation=int(w["incarnation"])),
         room=WorkerRoom(
-            worker_id=worker_id,
-            cpu_millis=int(cpu),
-            memory_mb=int(memory),
-            cpu_allocated_millis=int(cpu_allocated),
-            memory_allocated_mb=int(memory_allocated),
-            runs_containers=bool(runs_containers),
-            labels=json.loads(labels) if labels else {},
+            worker_id=w["id"],
+            cpu_millis=int(w["cpu_millis"]),
+            memory_mb=int(w["memory_mb"]),
+            cpu_allocated_millis=int(w["cpu_allocated_millis"]),
+            memory_allocated_mb=int(w["memory_allocated_mb"]),
+            runs_containers=bool(w["runs_containers"]),
+            labels=json.loads(w["labels"]) if w["labels"] else {},
         ),
-        unconfirmed=int(unconfirmed),
-        confirmed=int(confirmed),
-        cordoned=bool(cordoned),
-        unhealthy=bool(unhealthy),
-        probe_due=bool(probe_due),
-        trial=bool(trial),
+        unconfirmed=int(w["unconfirmed_assignments"]),
+        confirmed=int(w["confirmed_assignments"]),
+        cordoned=bool(w["cordoned"]),
+        unhealthy=bool(w["unhealthy"]),
+        probe_due=bool(w["probe_due"]),
+        trial=bool(w["trial"]),
     )
 
 
@@ -249,7 +214,7 @@ class PgPlacerStore(ReadStore):
 
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
         rows = await (await self._connection()).fetch(queries.LIVE_WORKERS, fresh_s, self.trial_run_s)
-        return [_live_worker(*(r[c] for c in _WORKER_COLUMNS)) for r in rows]
+        return [_live_worker(r) for r in rows]
 
     async def pending_jobs(self, limit: int) -> tuple[list[WaitingJob], PendingMark]:
         row = await (await self._connection()).fetchrow(queries.PENDING_JOBS, limit)
@@ -266,10 +231,8 @@ class PgPlacerStore(ReadStore):
             queries.ROUND_READ, fresh_s, mark.xid, mark.seq, limit, list(mark.in_flight), self.trial_run_s
         )
         assert row is not None
-        workers = [
-            _live_worker(*columns)
-            for columns in zip(*(row[f"w_{c}"] or () for c in _WORKER_COLUMNS), strict=True)
-        ]
+        columns = zip(*(row[f"w_{c}"] or () for c in _WORKER_COLUMNS), strict=True)
+        workers = [_live_worker(dict(zip(_WORKER_COLUMNS, values, strict=True))) for values in columns]
         rows = _job_rows(row)
         # Rows above the mark came from the limited part of the read, the others from the
         # mark's transactions in flight.

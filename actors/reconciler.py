@@ -1,12 +1,9 @@
 """The reconciler: the leader's repair pass, every ``reconcile_interval_s`` (0.25 s).
 
-Each pass, while leader: declares silent workers dead and ends orphaned assignments
-(:mod:`actors.deaths`), re-sends or withdraws unconfirmed assignments
-(:func:`actors.deliveries.plan_deliveries`), cancels on workers what users cancelled, what ran
-past its timeout and what a drain's deadline leaves (:mod:`actors.cancellations`), settles
-waiting jobs (:mod:`actors.dependencies`), and, now and then, judges the workers' health
-(:func:`actors.health.judge_health`) and chooses the heartbeat interval. A job is placed again
-only after its active assignment has ended (invariant 6). docs/design.md, "The reconciler's pass".
+Each pass, while leader: dead workers and orphaned assignments (:mod:`actors.deaths`),
+unconfirmed assignments (:mod:`actors.deliveries`), cancellations on workers
+(:mod:`actors.cancellations`), waiting jobs (:mod:`actors.dependencies`), and now and then the
+workers' health and the heartbeat interval. docs/design.md, "The reconciler's pass".
 """
 
 from __future__ import annotations
@@ -53,9 +50,7 @@ from runtime.settings.leader import ReconcilerSettings
 
 TIMEOUT_MARGIN_S = 30.0
 """How long past its ``timeout_s`` (or a tenth of the timeout, when longer) a run may go before
-the leader stops it: the worker's reaper stops it at the timeout and reports within a heartbeat,
-so the leader acts only for a worker that did not (an agent without timeouts, a reaper that
-failed); the margin covers the stop's grace and a slow report."""
+the leader stops it, for a worker whose reaper did not; covers the stop's grace and a slow report."""
 
 MAX_BACKOFF_CAPS = 64
 """Most entries :func:`backoff_caps_s` returns (reached only when max_s / base_s > 2**63)."""
@@ -64,17 +59,9 @@ MAX_BACKOFF_CAPS = 64
 def backoff_caps_s(*, base_s: float, max_s: float) -> tuple[float, ...]:
     """The requeue backoff's caps, in seconds: entry k-1 bounds the wait after a job's k-th
     loss, ``min(max_s, base_s * 2 ** (k - 1))``, up to the first entry that reaches ``max_s``,
-    which bounds every later loss too.
-
-    The wait itself is drawn uniformly below the cap by the database when it requeues the job
-    (``full_jitter_s`` in schema.sql, see ``actors.queries.ledger``): capped exponential backoff with full
-    jitter, ``sleep = random_between(0, min(cap, base * 2 ** attempt))`` in "Exponential
-    Backoff And Jitter" (Marc Brooker, AWS Architecture Blog, 2015), which spreads the jobs of
-    one lost worker out instead of handing them all back at the same moment.
-
-    Args:
-        base_s: the cap after the first loss.
-        max_s: the largest cap.
+    which bounds every later loss too. The database draws the wait uniformly below the cap
+    (``full_jitter_s`` in schema.sql): full jitter, as in "Exponential Backoff And Jitter" (Marc
+    Brooker, AWS Architecture Blog, 2015).
 
     Raises:
         ValueError: ``base_s`` is not > 0, or ``max_s`` is below ``base_s``.
@@ -195,10 +182,8 @@ class Reconciler(FencedWrites):
             )
 
     def _hand_over(self, dispatches: Sequence[Dispatch]) -> None:
-        """Give the dispatcher the re-sends it has room for, without waiting: while it is busy
-        (workers that answer slowly hold its calls) a pass that waited for room would hold the
-        next read of heartbeat ages back. What is left is re-sent at its next doubling
-        (:func:`resend_due`), or withdrawn; counted and logged at most every ``held_log_every_s``."""
+        """Give the dispatcher the re-sends it has room for, without waiting (a pass that waited
+        would hold the next read of heartbeat ages back); the rest is re-sent later, or withdrawn."""
         for n, dispatch in enumerate(dispatches):
             try:
                 self.dispatcher.send_nowait(dispatch)
@@ -206,16 +191,19 @@ class Reconciler(FencedWrites):
                 left = dispatches[n:]
                 self._resends_dropped += sum(len(d.assignments) for d in left)
                 break
-        now = trio.current_time()
-        if (
-            self._resends_dropped
-            and now - self._logged_at.get("resends", -math.inf) >= self.settings.held_log_every_s
-        ):
-            self._logged_at["resends"] = now
+        if self._resends_dropped and self._log_due("resends", trio.current_time()):
             self._log.warning(
                 "re-sends left for later: the dispatcher is busy", assignments=self._resends_dropped
             )
             self._resends_dropped = 0
+
+    def _log_due(self, key: str, now: float) -> bool:
+        """Whether a line of ``key`` may be logged at ``now``, at most one every
+        ``held_log_every_s`` (if so, it counts as logged)."""
+        if now - self._logged_at.get(key, -math.inf) < self.settings.held_log_every_s:
+            return False
+        self._logged_at[key] = now
+        return True
 
     @contextlib.contextmanager
     def _step(self, name: str) -> Iterator[None]:
@@ -232,8 +220,7 @@ class Reconciler(FencedWrites):
         self, epoch: int, background: trio.Nursery, *, first_pass: bool = False
     ) -> ReconcileResult:
         """One pass under ``epoch``, starting its cancellations on workers in ``background``
-        without waiting for them. Returns what the fenced dead-worker step changed (all its
-        batches).
+        without waiting for them. Returns what the fenced dead-worker step changed.
 
         Raises:
             StaleEpoch: the ledger refused a write; the pass sends none after it.
@@ -278,13 +265,12 @@ class Reconciler(FencedWrites):
                 # A term's first pass: the policy step has not read the interval yet.
                 inputs = await self.store.heartbeat_policy_inputs(POLICY_COSTS_SEEN_WITHIN_S)
                 self._interval_s = (inputs.current or default_policy(s)).interval_ms / 1000
-            interval_s = self._interval_s
             plan = plan_deliveries(
                 unconfirmed,
                 s,
                 first_pass=first_pass,
                 since_last_read_s=since_last_read_s,
-                heartbeat_interval_s=interval_s,
+                heartbeat_interval_s=self._interval_s,
             )
             self._hand_over(plan.dispatches(epoch))
         with self._step("cancels"):
@@ -299,16 +285,9 @@ class Reconciler(FencedWrites):
                 *((worker, group, False, TIMED_OUT) for worker, group in by_worker(overdue)),
                 *((worker, group, True, DRAINED) for worker, group in by_worker(drained)),
             ]
+            caps = self.requeue_backoff_caps_s
             for worker, group, requeue, reason in cancellations:
-                self._cancels.start(
-                    background,
-                    epoch,
-                    worker,
-                    group,
-                    requeue=requeue,
-                    reason=reason,
-                    requeue_backoff_caps_s=self.requeue_backoff_caps_s,
-                )
+                self._cancels.start(background, epoch, worker, group, requeue, reason, caps)
         with self._step("settle"):
             await self.settle_waiting(epoch)
         if first_pass or trio.current_time() - self._health_judged_at >= s.health_interval_s:
@@ -323,9 +302,8 @@ class Reconciler(FencedWrites):
 
     async def heartbeat_policy_pass(self, epoch: int, *, workers: int) -> HeartbeatPolicy | None:
         """Choose the heartbeat interval for ``workers`` alive workers
-        (:func:`actors.heartbeat_policy.choose_policy`) from the control planes' measured
-        heartbeat costs, and write it in a fenced write when it changed. Returns the policy
-        written, None when none was.
+        (:func:`actors.heartbeat_policy.choose_policy`), and write it in a fenced write when it
+        changed. Returns the policy written, None when none was.
 
         Raises:
             StaleEpoch, DatabaseUnavailable: the read or the write failed.
@@ -364,10 +342,9 @@ class Reconciler(FencedWrites):
         return chosen
 
     async def health_pass(self, epoch: int) -> tuple[tuple[str, bool], ...]:
-        """Worker health (docs/design.md, "The reconciler's pass", step 6): read every alive worker's
-        judged runs, decide with :func:`actors.health.judge_health`, and write the marks and clears in
-        one fenced write (none when nothing changes; at most ``write_size().rows`` changes, the rest
-        in the next judgement). Returns ``(worker_id, unhealthy)`` for the changes written.
+        """Judge the workers' health (:func:`actors.health.judge_health`) and write the marks and
+        clears in one fenced write of at most ``write_size().rows`` changes (the rest in the next
+        judgement). Returns ``(worker_id, unhealthy)`` for the changes written.
 
         Raises:
             StaleEpoch, DatabaseUnavailable: the read or the write failed.
@@ -409,9 +386,9 @@ class Reconciler(FencedWrites):
         return written
 
     async def settle_waiting(self, epoch: int) -> SettledJobs:
-        """Settle the waiting jobs that can be settled now (docs/design.md, "The reconciler's pass",
-        step 4): one fenced write per batch read, again while a write cancelled jobs or was full, at
-        most :data:`actors.dependencies.CASCADE_STEPS` writes. Returns what all of them changed.
+        """Settle the waiting jobs that can be settled now: one fenced write per batch read, again
+        while a write cancelled jobs or was full, at most :data:`actors.dependencies.CASCADE_STEPS`
+        writes. Returns what all of them changed.
 
         Raises:
             StaleEpoch, DatabaseUnavailable: a read or write failed; no later write is sent.
@@ -454,8 +431,7 @@ class Reconciler(FencedWrites):
         whole series' changes.
 
         Raises:
-            StaleEpoch, DatabaseUnavailable: a batch failed; no later batch is sent (those that
-                committed stay, and the next pass, or the next leader's, ends the rest).
+            StaleEpoch, DatabaseUnavailable: a batch failed; no later batch is sent.
         """
         caps = self.requeue_backoff_caps_s
         first = self.write_size().rows
@@ -474,9 +450,7 @@ class Reconciler(FencedWrites):
         assert self._bucket is not None
         self._bucket = self._bucket.take(len(dead))
         metrics.WORKER_DEATHS.inc(len(dead))
-        requeued, ended = list(batch.requeued_job_ids), list(batch.orphaned_assignment_ids)
-        ended_jobs, ended_on = list(batch.orphaned_job_ids), list(batch.orphaned_worker_ids)
-        transactions = 1
+        batches = [batch]
         try:
             while batch.more_orphans:
                 rows = self.write_size().rows
@@ -488,12 +462,10 @@ class Reconciler(FencedWrites):
                         reply=reply,
                     )
                 )
-                transactions += 1
-                requeued += batch.requeued_job_ids
-                ended += batch.orphaned_assignment_ids
-                ended_jobs += batch.orphaned_job_ids
-                ended_on += batch.orphaned_worker_ids
+                batches.append(batch)
         finally:
+            requeued = [i for b in batches for i in b.requeued_job_ids]
+            ended = [i for b in batches for i in b.orphaned_assignment_ids]
             if dead or ended:
                 self._log.warning(
                     "reconciled",
@@ -501,10 +473,10 @@ class Reconciler(FencedWrites):
                     dead_workers=list(dead),
                     requeued_jobs=len(requeued),
                     ended_assignments=len(ended),
-                    transactions=transactions,
+                    transactions=len(batches),
                     assignment_ids=ended,
-                    job_ids=ended_jobs,
-                    worker_ids=ended_on,
+                    job_ids=[i for b in batches for i in b.orphaned_job_ids],
+                    worker_ids=[i for b in batches for i in b.orphaned_worker_ids],
                     requeued_job_ids=requeued,
                 )
         return ReconcileResult(
@@ -512,30 +484,23 @@ class Reconciler(FencedWrites):
         )
 
     def _report_slow_pass(self, took_s: float) -> None:
-        """Say which steps took the time of a pass longer than half the contact gap (the next
-        read of heartbeat ages comes late, and past the gap silence counts anew), at most once
-        every ``held_log_every_s``."""
-        if took_s <= self._gap_s / 2:
+        """Say which steps took the time of a pass longer than half the contact gap (past the gap
+        silence counts anew)."""
+        if took_s <= self._gap_s / 2 or not self._log_due("slow_pass", trio.current_time()):
             return
-        now = trio.current_time()
-        if now - self._logged_at.get("slow_pass", -math.inf) < self.settings.held_log_every_s:
-            return
-        self._logged_at["slow_pass"] = now
         self._log.warning(
             "slow reconcile pass", took_s=round(took_s, 3), contact_gap_s=self._gap_s, steps_s=self._steps_s
         )
 
     def _report_held(self, verdict: DeathVerdict, now: float) -> None:
-        """Count the silent workers this pass holds back, and say so in the log at most once
-        every ``held_log_every_s`` per reason."""
+        """Count the silent workers this pass holds back, and log them."""
         metrics.MASS_SILENCE.set(1 if verdict.mass_silence else 0)
         if not verdict.held:
             return
         reason = "mass_silence" if verdict.mass_silence else "rate_limit"
         metrics.DEATHS_HELD.labels(reason).inc(len(verdict.held))
-        if now - self._logged_at.get(reason, -math.inf) < self.settings.held_log_every_s:
+        if not self._log_due(reason, now):
             return
-        self._logged_at[reason] = now
         s = self.settings
         held = [worker_id for worker_id, _ in verdict.held[:10]]
         if verdict.mass_silence:

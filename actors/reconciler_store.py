@@ -27,9 +27,8 @@ class HeartbeatAge:
     incarnation: int
     age_s: float
     dead_after_s: float | None = None
-    """The dead_after this worker is judged by as its row records it (the larger of the one
-    told and the one its fence is derived from: docs/design.md, "Heartbeat interval"); None:
-    none recorded (the reconciler's own ``dead_after_s`` judges it)."""
+    """The dead_after this worker is judged by as its row records it (docs/design.md, "Heartbeat
+    interval"); None: the reconciler's own ``dead_after_s`` judges it."""
 
 
 @attrs.frozen(kw_only=True)
@@ -41,8 +40,7 @@ class PolicyInputs:
     costs_us: tuple[float, ...]
     """What one heartbeat costs each control plane seen lately (CPU µs), those that measured it."""
     waits_ms: tuple[float, ...] = ()
-    """The 99th percentile of the waits the heartbeats of each control plane seen lately
-    reported (ms), those that received enough."""
+    """Each control plane's 99th percentile of its heartbeats' reported waits (ms), if enough."""
 
 
 @attrs.frozen(kw_only=True)
@@ -78,7 +76,6 @@ class ReconcilerStore(Protocol):
 
     async def waiting_jobs(self, limit: int) -> list[WaitingJob]:
         """At most ``limit`` waiting jobs the leader can settle now (``queries.WAITING_JOBS``)."""
-        ...
 
     async def drain_due(self) -> list[Delivery]:
         """Active assignments of workers whose drain deadline has passed (not those whose
@@ -87,12 +84,10 @@ class ReconcilerStore(Protocol):
     async def heartbeat_policy_inputs(self, seen_within_s: float) -> PolicyInputs:
         """The heartbeat policy in force and the heartbeat costs of the control planes seen in
         the last ``seen_within_s`` seconds (database time)."""
-        ...
 
     async def worker_runs(self, most: int, window_s: float) -> list[WorkerRuns]:
         """Every alive worker, its health, and its judged runs (:mod:`actors.health`): at most
         ``most`` per worker, newest first, ended within ``window_s`` seconds (database time)."""
-        ...
 
     async def close(self) -> None:
         """Close the store's connection (a later read opens another)."""
@@ -189,41 +184,32 @@ class PgReconcilerStore(ReadStore):
     async def heartbeat_policy_inputs(self, seen_within_s: float) -> PolicyInputs:
         row = await (await self._connection()).fetchrow(queries.HEARTBEAT_POLICY_INPUTS, seen_within_s)
         assert row is not None
-        current = (
-            None
-            if row["interval_ms"] is None
-            else HeartbeatPolicy(
-                interval_ms=row["interval_ms"],
-                dead_after_ms=row["dead_after_ms"],
-                workers=row["workers"],
-                cpu_per_heartbeat_us=row["cpu_per_heartbeat_us"],
-                reason=row["reason"],
-            )
-        )
+        fields = ("interval_ms", "dead_after_ms", "workers", "cpu_per_heartbeat_us", "reason")
+        current = None if row["interval_ms"] is None else HeartbeatPolicy(**{f: row[f] for f in fields})
         return PolicyInputs(
             current=current,
             costs_us=tuple(float(c) for c in row["costs_us"]),
             waits_ms=tuple(float(w) for w in row["waits_ms"]),
         )
 
+    async def _deliveries(self, sql: str, *args: Any) -> list[Delivery]:
+        return [_delivery(r) for r in await (await self._connection()).fetch(sql, *args)]
+
     async def unconfirmed(self) -> list[Delivery]:
-        return [_delivery(r) for r in await (await self._connection()).fetch(queries.UNCONFIRMED_ASSIGNMENTS)]
+        return await self._deliveries(queries.UNCONFIRMED_ASSIGNMENTS)
 
     async def cancel_requested(self) -> list[Delivery]:
-        rows = await (await self._connection()).fetch(queries.CANCEL_REQUESTED_ASSIGNMENTS)
-        return [_delivery(r) for r in rows]
+        return await self._deliveries(queries.CANCEL_REQUESTED_ASSIGNMENTS)
 
     async def overdue(self, margin_s: float) -> list[Delivery]:
-        rows = await (await self._connection()).fetch(queries.OVERDUE_ASSIGNMENTS, margin_s)
-        return [_delivery(r) for r in rows]
+        return await self._deliveries(queries.OVERDUE_ASSIGNMENTS, margin_s)
 
     async def waiting_jobs(self, limit: int) -> list[WaitingJob]:
         rows = await (await self._connection()).fetch(queries.WAITING_JOBS, limit)
         return [waiting_job(r) for r in rows]
 
     async def drain_due(self) -> list[Delivery]:
-        rows = await (await self._connection()).fetch(queries.DRAIN_DUE_ASSIGNMENTS)
-        return [_delivery(r) for r in rows]
+        return await self._deliveries(queries.DRAIN_DUE_ASSIGNMENTS)
 
     async def worker_runs(self, most: int, window_s: float) -> list[WorkerRuns]:
         rows = await (await self._connection()).fetch(queries.WORKER_RUNS, most, window_s, list(JOB_FAULTS))

@@ -1,9 +1,7 @@
 """Following the lease keeper's role changes from another actor.
 
-An actor that decides (placer, reconciler) asks :class:`QueryRole` when it starts (it may be a
-restart that missed messages), then applies :class:`Elected` / :class:`Deposed` from its role
-channel, ignoring any whose ``seq`` is not newer than what it has (messages buffered while it
-was down). The view is advisory: the ledger's fence decides what commits.
+A deciding actor asks :class:`QueryRole` when it (re)starts, then applies the changes from its
+role channel whose ``seq`` is newer. The view is advisory: the ledger's fence decides.
 """
 
 from __future__ import annotations
@@ -63,12 +61,10 @@ class RoleView:
         on_standby: Callable[[], None] | None = None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """A deciding actor's loop: ask for the role, follow its changes, signal
-        ``task_status.started()``, then call ``step(epoch)`` every ``interval_s`` seconds (at a
-        fixed rate, :class:`runtime.loops.Periodic`) while leader, the first at once after each
-        election; until cancelled. ``step`` handles its own errors; one it raises ends the loop.
-        ``on_standby`` (no checkpoint) is called whenever the loop finds itself not leading and
-        starts waiting for an election: at the start as a standby, and after each step-down.
+        """A deciding actor's loop: ask for the role, follow its changes, then call
+        ``step(epoch)`` every ``interval_s`` seconds (at a fixed rate) while leader, the first at
+        once after each election, until cancelled; an error ``step`` raises ends the loop.
+        ``on_standby`` (no checkpoint) is called whenever the loop starts waiting for an election.
         """
         await self.query()
         async with trio.open_nursery() as nursery:

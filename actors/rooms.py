@@ -39,51 +39,25 @@ class WorkerRoom:
 
 
 def send_window(confirmed: int, *, initial_window: int, max_unconfirmed: int) -> int:
-    """How many unconfirmed assignments a worker incarnation may hold.
-
-    ``min(max_unconfirmed, initial_window + confirmed)``: a new or re-registered worker gets a
-    few jobs, and one more for every assignment a heartbeat has confirmed (listed as running or
-    finished) since it registered, so the window doubles per heartbeat round trip while the
-    worker keeps up. This is TCP's slow start (RFC 5681, section 3.1: the congestion window
-    grows by one segment per acknowledged segment), with ``max_unconfirmed`` in the place of
-    the receiver's window and no congestion-avoidance phase.
-
-    Args:
-        confirmed: assignments of this incarnation a heartbeat has confirmed so far.
-        initial_window: the window before any confirmation.
-        max_unconfirmed: the window's ceiling.
-
-    Returns:
-        The window, in assignments.
-    """
+    """How many unconfirmed assignments a worker incarnation may hold, given the ``confirmed``
+    ones so far: ``min(max_unconfirmed, initial_window + confirmed)``, so the window doubles per
+    heartbeat round trip while the worker keeps up. This is TCP's slow start (RFC 5681, section
+    3.1) with ``max_unconfirmed`` as the receiver's window and no congestion avoidance."""
     return min(max_unconfirmed, initial_window + max(0, confirmed))
 
 
 def placement_limit(confirmed: int, unconfirmed: int, *, initial_window: int, max_unconfirmed: int) -> int:
-    """Most jobs one round may place on a worker: its :func:`send_window` minus the assignments
-    it holds unconfirmed, and never below 0 (a worker that stopped confirming gets nothing).
-
-    Args:
-        confirmed: assignments of the worker's incarnation a heartbeat has confirmed so far.
-        unconfirmed: its active assignments no heartbeat has listed yet.
-        initial_window: see :func:`send_window`.
-        max_unconfirmed: see :func:`send_window`.
-    """
+    """Most jobs one round may place on a worker: its :func:`send_window` minus the
+    ``unconfirmed`` assignments it holds, never below 0."""
     window = send_window(confirmed, initial_window=initial_window, max_unconfirmed=max_unconfirmed)
     return max(0, window - unconfirmed)
 
 
 @attrs.define
 class ReasonCache:
-    """Unschedulable reasons by job shape, valid for one set of workers (:func:`workers_key`):
-    reading it for another set empties it first. A memo, owned by one placer: a round's
-    decision is the same with or without it (a property test holds it to that).
-
-    A reason (:func:`unschedulable_reason`) reads the job's CPU, memory, container rule and
-    constraints and, of the workers that take placements, their capacities, whether they run
-    containers and their labels; nothing else (not their free room, not where the job failed).
-    So those workers' :func:`workers_key` decides when the cached reasons stop holding.
-    """
+    """Unschedulable reasons by job shape, valid for one set of workers (:func:`workers_key`,
+    all that a reason reads of them): reading it for another set empties it first. A memo: a
+    round's decision is the same with or without it."""
 
     key: tuple[tuple[int, int, bool, tuple[tuple[str, str], ...]], ...] | None = None
     reasons: dict[tuple[int, int, bool, tuple[Constraint, ...]], str | None] = attrs.field(factory=dict)
@@ -125,12 +99,8 @@ def workers_key(
 
 
 def unschedulable_reason(job: PendingJob, workers: Sequence[WorkerRoom]) -> str | None:
-    """Why ``job`` can never be placed on these workers, or None if some worker could hold it.
-
-    Example: ``"unschedulable: needs 64000 cpu_millis, largest worker has 16000"``. A container
-    job is judged against the workers that run containers only (``"unschedulable: container
-    job, no live worker runs containers (label container=docker)"`` when there is none).
-    """
+    """Why ``job`` can never be placed on these workers (``"unschedulable: needs 64000
+    cpu_millis, largest worker has 16000"``), or None if some worker could hold it."""
     if not workers:
         return "unschedulable: no live workers"
     if job.constraints:
@@ -177,10 +147,8 @@ def fits_by_kind(
     among: np.ndarray | None = None,
 ) -> np.ndarray:
     """:func:`fits_some_room` per job, over the rooms of ``among`` (None: all) that the job may
-    use: those of its constraint group (``group_rooms[group[i]]``) and, for a container job
-    (``container[i]``), those of ``runs_containers``. One frontier test per kind of job
-    present (no constraints and no container: one test), so the cost stays one binary search
-    per job."""
+    use: those of its constraint group (``group_rooms[group[i]]``) and, for a container job,
+    those of ``runs_containers``. One frontier test per kind of job present."""
     rooms = np.ones(room_cpu.size, dtype=bool) if among is None else among
     if not container.any() and not group.any():
         return fits_some_room(cpu, mem, room_cpu[rooms], room_mem[rooms])
@@ -198,12 +166,8 @@ def fits_by_kind(
 def fits_some_room(
     cpu: np.ndarray, mem: np.ndarray, room_cpu: np.ndarray, room_mem: np.ndarray
 ) -> np.ndarray:
-    """For each (cpu[i], mem[i]), whether some room (room_cpu[k], room_mem[k]) holds it.
-
-    Tested against the Pareto frontier of the rooms (no other room has as much of both):
-    sorted by CPU ascending its memory descends, so among the rooms with CPU >= cpu[i] the
-    first has the most memory: one binary search per job.
-    """
+    """For each (cpu[i], mem[i]), whether some room (room_cpu[k], room_mem[k]) holds it: one
+    binary search per job in the rooms' Pareto frontier (by CPU ascending, memory descends)."""
     if not room_cpu.size or not cpu.size:
         return np.zeros(cpu.size, dtype=bool)
     order = np.lexsort((-room_mem, -room_cpu))  # CPU descending, then memory descending

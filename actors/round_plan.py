@@ -32,14 +32,12 @@ class RoundPlan:
 
     Attributes:
         outcome: see :data:`RoundOutcome`.
-        fingerprint: the round's queue version, jobs backing off and free rooms; a round that
-            finds nothing to do keeps it, and the next round with the same one decides nothing.
+        fingerprint: the round's queue version, jobs backing off and free rooms; the next
+            round with the same one as a round that found nothing to do decides nothing.
         backing_off: the queued jobs whose requeue backoff has not passed.
         placements: what to commit, in decision order (priority, then submission).
-        reasons: (job_id, pending reason) pairs to store with the placements; an empty reason
-            clears a stored one. No more than the rows the placements leave of the write.
-        reservations: the job ids holding a reservation in this round, ascending (empty when
-            the outcome is ``unchanged``: nothing was decided).
+        reasons: (job_id, pending reason) pairs to store; an empty reason clears a stored one.
+        reservations: the job ids holding a reservation in this round, ascending.
         workers: worker_id -> where to send, for every live worker of the round.
     """
 
@@ -58,9 +56,8 @@ class RoundPlan:
 
     def dispatches(self, epoch: int, committed: Iterable[CommittedAssignment]) -> tuple[Dispatch, ...]:
         """One :class:`Dispatch` per worker for what committed (invariant 4: only that), its
-        assignments in the order they were placed (priority, then submission), which the
-        statement's rows do not keep: a worker starts a batch's jobs in the order it receives
-        them. Workers in the order of their first assignment."""
+        assignments in the order they were placed (the statement's rows do not keep it), workers
+        in the order of their first assignment."""
         rank = {p.job_id: i for i, p in enumerate(self.placements)}
         batches: dict[str, list[CommittedAssignment]] = defaultdict(list)
         for assignment in sorted(committed, key=lambda a: rank.get(a.job_id, len(rank))):
@@ -83,12 +80,9 @@ def _named(ids: Sequence[str]) -> str:
 
 
 def not_counting_cordoned(reason: str, cordoned: Sequence[str], unhealthy: Sequence[str] = ()) -> str:
-    """An unschedulable ``reason``, judged on the workers that take placements, saying which
-    live workers it left out because they are cordoned or draining (``cordoned``, their ids)
-    or marked unhealthy (``unhealthy``): ``"unschedulable: no live workers (not counting
-    cordoned w-1, w-2; unhealthy w-3)"``; ``reason`` itself when none is. Without it, a job that
-    only such a worker could hold would read as too large for the cluster, or a cluster whose
-    every worker is cordoned as having none."""
+    """An unschedulable ``reason`` naming the live workers it left out as ``cordoned`` (or
+    draining) or ``unhealthy``: ``"unschedulable: no live workers (not counting cordoned w-1,
+    w-2; unhealthy w-3)"``; ``reason`` itself when none is."""
     left_out = [
         f"{what} {_named(ids)}" for what, ids in (("cordoned", cordoned), ("unhealthy", unhealthy)) if ids
     ]
@@ -97,19 +91,11 @@ def not_counting_cordoned(reason: str, cordoned: Sequence[str], unhealthy: Seque
     return f"{reason} (not counting {'; '.join(left_out)})"
 
 
-def waiting_elsewhere(failed_on: Sequence[str]) -> str:
-    """The pending reason of a retry that only workers where it failed have room for now:
-    ``"waiting for a worker where it has not failed (failed on w-3)"``."""
-    return f"waiting for a worker where it has not failed (failed on {_named(sorted(failed_on))})"
-
-
 def probe_limit(worker: LiveWorker, limit: int) -> int:
     """Most jobs a round may place on ``worker`` with a send window of ``limit``: ``limit`` for a
-    healthy worker out of trial; one job while it holds none for a worker on trial (newly
-    registered, or its mark cleared, and nothing there succeeded since) and for an unhealthy
-    one whose probe is due (its probe: :mod:`actors.health`), none for other unhealthy ones.
-    Like the probe, the trial keeps a broken worker, whose jobs fail at once and so leave it
-    always room, from taking a burst of jobs before its failures are judged."""
+    healthy worker out of trial; one job while it holds none for a worker on trial and for an
+    unhealthy one whose probe is due; none for other unhealthy ones. The trial keeps a broken
+    worker (always room: its jobs fail at once) from taking a burst before it is judged."""
     if not worker.unhealthy and not worker.trial:
         return limit
     idle = worker.room.cpu_allocated_millis == 0 and worker.unconfirmed == 0
@@ -120,8 +106,7 @@ def _changed_unschedulable(
     queue: PendingQueue, unschedulable: Unschedulable, cordoned: Sequence[str], unhealthy: Sequence[str]
 ) -> list[tuple[int, str]]:
     """(job_id, reason) for the unschedulable jobs whose reason (:func:`not_counting_cordoned`)
-    is not the one stored, in queue order: worked out once per shape and compared with the
-    stored ones column by column, so only the changed ones cost Python work."""
+    is not the one stored, in queue order; only the changed ones cost Python work."""
     if not unschedulable.at.size:
         return []
     said = {k: not_counting_cordoned(r, cordoned, unhealthy) for k, r in unschedulable.by_shape.items()}
@@ -129,12 +114,8 @@ def _changed_unschedulable(
     for k, reason in said.items():
         wanted[k] = queue.code_of(reason)
     changed = queue.reason_code[unschedulable.at] != wanted[unschedulable.shapes]
-    return [
-        (job_id, said[k])
-        for job_id, k in zip(
-            unschedulable.ids[changed].tolist(), unschedulable.shapes[changed].tolist(), strict=True
-        )
-    ]
+    ids, shapes = unschedulable.ids[changed].tolist(), unschedulable.shapes[changed].tolist()
+    return [(job_id, said[k]) for job_id, k in zip(ids, shapes, strict=True)]
 
 
 def plan_round_steps(
@@ -148,43 +129,24 @@ def plan_round_steps(
     reason_cache: ReasonCache | None = None,
 ) -> Generator[None, None, RoundPlan]:
     """What one round commits and dispatches, decided in slices: a generator that yields
-    between slices of the decision (:func:`actors.placement.place_queue_steps`) and returns the
-    plan. Neither the queue nor the workers may change meanwhile; neither is changed
-    (``reason_cache``, a memo, may be).
+    between slices of :func:`actors.placement.place_queue_steps` and returns the plan. Neither
+    the queue nor the workers may change meanwhile; neither is changed.
 
-    A cordoned or draining worker is given nothing, nor an unhealthy one but a probe when it is due
-    (:func:`probe_limit`; the unschedulable reasons name them: :func:`not_counting_cordoned`); one
-    on trial is given one job at a time while another worker that takes placements is out of trial
-    (:func:`probe_limit`); a retry goes elsewhere than where it failed when it can
-    (:func:`actors.placement.elsewhere`). Each worker's send window bounds what it is given
-    (:func:`actors.rooms.placement_limit` from its confirmed and unconfirmed assignments); jobs
-    waiting out their requeue backoff at ``now`` are neither placed nor reserve a worker; the
-    placements are decided by :func:`actors.placement.place_queue_steps` (never over a worker's free
-    room, never a job twice); the pending reasons that changed fill what the placements leave of
-    ``max_rows``.
+    A cordoned or draining worker is given nothing, nor an unhealthy one but a due probe; one on
+    trial one job at a time while a proven worker takes placements (:func:`probe_limit`). Each
+    worker's send window bounds what it is given (:func:`actors.rooms.placement_limit`); the
+    pending reasons that changed fill what the placements leave of ``max_rows``.
 
     Args:
-        queue: the pending jobs (not changed).
-        workers: the live workers, with their allocation and send-window counters.
-        settings: the policy, the bounds per round and per worker, the reservations.
         max_rows: most rows the round's fenced statement may carry (placements and reasons).
         now: the queue's clock at the read (seconds): backoffs and reservation waits end by it.
         idle_fingerprint: the fingerprint of the last round that found nothing to do, if the
             queue has not changed since; a round with the same one decides nothing.
-        reason_cache: the unschedulable reasons by job shape from earlier rounds (a memo, kept by
-            the caller; :class:`actors.rooms.ReasonCache`): the plan is the same without it.
-
-    Returns:
-        The :class:`RoundPlan`.
+        reason_cache: a memo of unschedulable reasons kept by the caller.
 
     Raises:
         ValueError: the settings name an unknown policy.
     """
-    # A cordoned (or draining) worker takes no placement, nor an unhealthy one whose probe is not
-    # due: it is not a room at all, so it is neither placed on nor reserved; the reasons name it
-    # (not_counting_cordoned). An unhealthy one whose probe is due takes one job at a time, as
-    # does one on trial (probe_limit) while a proven worker takes placements: a cluster whose
-    # workers are all new (or all just re-admitted) has nowhere better to send its jobs.
     cordoned = tuple(sorted(w.ref.worker_id for w in workers if w.cordoned))
     unhealthy = tuple(
         sorted(w.ref.worker_id for w in workers if w.unhealthy and not w.cordoned and not w.probe_due)
@@ -192,40 +154,30 @@ def plan_round_steps(
     workers = [w for w in workers if not w.cordoned and not (w.unhealthy and not w.probe_due)]
     if not any(not w.trial and not w.unhealthy for w in workers):
         workers = [attrs.evolve(w, trial=False) for w in workers]
-    rooms = [
-        attrs.evolve(
-            w.room,
-            placement_limit=probe_limit(
-                w,
-                placement_limit(
-                    w.confirmed,
-                    w.unconfirmed,
-                    initial_window=settings.initial_window,
-                    max_unconfirmed=settings.max_unconfirmed_per_worker,
-                ),
-            ),
+    windows = [
+        placement_limit(
+            w.confirmed,
+            w.unconfirmed,
+            initial_window=settings.initial_window,
+            max_unconfirmed=settings.max_unconfirmed_per_worker,
         )
         for w in workers
     ]
+    rooms = [
+        attrs.evolve(w.room, placement_limit=probe_limit(w, n)) for w, n in zip(workers, windows, strict=True)
+    ]
     backing_off = frozenset(queue.waiting_for_backoff(now))
-    fingerprint = (
-        queue.version,
-        len(backing_off),
-        tuple(
-            sorted(
-                (
-                    w.ref.worker_id,
-                    w.ref.incarnation,
-                    room.cpu_millis - room.cpu_allocated_millis,
-                    room.memory_mb - room.memory_allocated_mb,
-                    room.placement_limit,
-                )
-                for w, room in zip(workers, rooms, strict=True)
-            )
-        ),
-        cordoned,
-        unhealthy,
+    free = sorted(
+        (
+            w.ref.worker_id,
+            w.ref.incarnation,
+            room.cpu_millis - room.cpu_allocated_millis,
+            room.memory_mb - room.memory_allocated_mb,
+            room.placement_limit,
+        )
+        for w, room in zip(workers, rooms, strict=True)
     )
+    fingerprint = (queue.version, len(backing_off), tuple(free), cordoned, unhealthy)
     if fingerprint == idle_fingerprint:
         return RoundPlan(outcome="unchanged", fingerprint=fingerprint, backing_off=backing_off)
     by_id = {w.ref.worker_id: w.ref for w in workers}
@@ -239,9 +191,13 @@ def plan_round_steps(
         now=now,
         reason_cache=reason_cache,
     )
-    placed = plan.placements_by_job
+    placed = dict(plan.placements)
     reasons = _changed_unschedulable(queue, plan.unschedulable, cordoned, unhealthy)
-    waiting = {job_id: waiting_elsewhere(failed_on) for job_id, failed_on in plan.held_back.items()}
+    # A retry that only workers where it failed have room for now.
+    waiting = {
+        job_id: f"waiting for a worker where it has not failed (failed on {_named(sorted(failed_on))})"
+        for job_id, failed_on in plan.held_back.items()
+    }
     reasons += [(job_id, r) for job_id, r in waiting.items() if queue.reasons.get(job_id) != r]
     # A stored reason no longer holds once the job is placed or may be (a job waiting out its
     # backoff keeps the reason its requeue wrote). Found among the jobs with a stored reason
@@ -278,5 +234,4 @@ def plan_round_steps(
 
 
 plan_round = in_one_go(plan_round_steps)
-"""What one round commits and dispatches: a pure function of the round's inputs,
-:func:`plan_round_steps` run to its end in one go (its parameters, its errors)."""
+""":func:`plan_round_steps` run to its end in one go (its parameters, its errors)."""

@@ -1,11 +1,8 @@
-"""The database schema's application, at every control plane's start: ``schema.sql`` whole to a
-new database, else the numbered migrations (``actors/migrations/NNNN_*.sql``) the database has not
-had yet, in order, each in a transaction of its own with its version recorded in
-``schema_version``, the newest with schema.sql's routines (functions, triggers, views) again;
-under an advisory lock, so replicas that start together apply it once
-(docs/design.md, "The database schema").
-
-Main names: :func:`apply_schema`, :func:`migrations`, :data:`SCHEMA_PATH`.
+"""The database schema's application, at every control plane's start (:func:`apply_schema`):
+``schema.sql`` whole to a new database, else the numbered migrations (``actors/migrations/``) it
+has not had yet, each in a transaction of its own, the newest with schema.sql's routines again;
+under an advisory lock, so replicas that start together apply it once (docs/design.md, "The
+database schema").
 """
 
 from __future__ import annotations
@@ -81,11 +78,10 @@ def routines(schema_sql: str) -> str:
 
 
 async def apply_schema(database_url: str) -> None:
-    """Bring the database to the newest schema: ``schema.sql`` to a new one (it records its own
-    version), else each migration newer than the database's version (an earlier release's
-    database without versions counts as version 1), the newest with :func:`routines`,
-    serialised across replicas by an advisory lock. A database at the newest version, or at a
-    newer one, is left alone; a read-only one is refused all the same.
+    """Bring the database to the newest schema: ``schema.sql`` to a new one, else each migration
+    newer than the database's version (none recorded: version 1), the newest with
+    :func:`routines`. A database at the newest version or a newer one is left alone; a read-only
+    one is refused all the same.
 
     Raises:
         DatabaseUnavailable: the database cannot be reached, or is read-only (a standby).

@@ -3,15 +3,10 @@
 Each check raises :class:`runtime.errors.InvalidArgument` naming the field, the value and the
 limit (``cpu_millis must be between 1 and 1000000, got 0``); nothing is written when one fails.
 
-Every size is counted in bytes of UTF-8, the form text takes on the wire and in the database, so
-a limit means the same for any script (a name of 128 bytes is 128 ASCII letters or 42 CJK
-ones). :data:`LIMITS` lists every limit, and the table of them in ``docs/limits.md`` is
-:func:`limits_table` (a test compares the two).
-
-A job's spec has its rules with it (:meth:`runtime.jobs.JobSpec.check`), and what a client
-checks before it sends too (job ids, idempotency keys, batches, lists, tails, drains) is in
-:mod:`runtime.validation`: both modules' limits are named here for the table; this module
-checks what only the control plane receives (registrations, heartbeats, outcomes).
+Every size is counted in bytes of UTF-8. :data:`LIMITS` lists every limit, also those of
+:meth:`runtime.jobs.JobSpec.check` and :mod:`runtime.validation`; the table in
+``docs/limits.md`` is :func:`limits_table` (a test compares the two). This module checks what
+only the control plane receives (registrations, heartbeats, outcomes).
 """
 
 from __future__ import annotations
@@ -57,9 +52,7 @@ from runtime.validation import (
     MAX_TAIL_LINES,
 )
 
-# The limits of runtime.jobs (JobSpec.check applies them) and runtime.validation (the client
-# applies them too) are named here for the table of every limit (LIMITS), and so are those of
-# the identity fields, parsed by runtime.identifiers (ASCII only: a character is a byte).
+# The identity fields' limits, for LIMITS (runtime.identifiers: ASCII only, a character is a byte).
 MAX_ID_BYTES = identifiers.MAX_ID_CHARS
 MAX_HOST_NAME_BYTES = identifiers.MAX_HOST_NAME_CHARS
 MAX_LABELS = identifiers.MAX_LABELS
@@ -76,15 +69,12 @@ def check_registration(
     agent_run_id: str,
     registration_seq: int,
 ) -> None:
-    """Check a worker registration. The id, the run id, the address and the labels are parsed
-    by :mod:`runtime.identifiers`, as everywhere else they are accepted.
+    """Check a worker registration (ids, address and labels parsed by :mod:`runtime.identifiers`).
 
     Raises:
-        InvalidArgument: a bad id or agent run id (the run id with ``registration_seq`` is
-            the registration's idempotency key, so it must not be empty), an address that is
-            not ``host:port`` (an IPv4 address, an IPv6 address in brackets or an RFC 1123 host
-            name; a port 1-65535), capacity out of range, bad labels, or a registration number
-            outside 1..MAX_ID.
+        InvalidArgument: a bad id or agent run id (not empty: with ``registration_seq`` it is the
+            registration's idempotency key), address, capacity or labels, or a registration
+            number outside 1..MAX_ID.
     """
     identifiers.check_id(worker_id, field="worker_id")
     _text("agent_run_id", agent_run_id, max_bytes=MAX_ID_BYTES, printable=True)
@@ -100,9 +90,8 @@ def check_leave(*, worker_id: str, incarnation: int, agent_run_id: str) -> None:
     """Check a worker's leave (a clean stop).
 
     Raises:
-        InvalidArgument: bad id, an incarnation outside 1..MAX_ID (a leave names the life that
-            stopped, and incarnations start at 1), or an agent run id empty (only an agent that
-            registered with one can leave) or not an id.
+        InvalidArgument: bad id, an incarnation outside 1..MAX_ID, or an agent run id empty or
+            not an id.
     """
     identifiers.check_id(worker_id, field="worker_id")
     _int_between("incarnation", incarnation, 1, MAX_ID)
@@ -121,48 +110,35 @@ def check_incarnation(incarnation: int) -> int:
 
 
 MAX_HELD_ASSIGNMENTS = 100_000
-"""Most assignments a restarted agent may say it holds in one registration (a worker runs at most
-one job per millicore, and a million-millicore worker of 10 ms jobs is not a case; the bound
-keeps the statement's array small)."""
+"""Most assignments a restarted agent may say it holds in one registration."""
 MAX_RESTART_HOLD_S = int(agent_settings.MAX_RESTART_HOLD_S)
-"""The longest restart hold a heartbeat may ask for, in seconds (ten minutes): a restart that
-takes longer is an outage, and the worker's jobs pause at the fence deadline after it."""
+"""The longest restart hold a heartbeat may ask for, in seconds: a longer restart is an outage."""
 MAX_RESTART_HOLD_MS = MAX_RESTART_HOLD_S * 1000
 
 
 def check_resume(*, resume_incarnation: int, held_assignment_ids: Sequence[int]) -> tuple[int, ...]:
-    """Check what a restarted agent asks to keep (RegisterWorker's ``resume_incarnation`` and
-    ``held_assignment_ids``); returns the held ids, each once, in order.
+    """Check RegisterWorker's ``resume_incarnation`` and ``held_assignment_ids``; returns the
+    held ids, each once, in order.
 
     Raises:
-        InvalidArgument: an incarnation outside 0..MAX_ID; held assignments without an
-            incarnation to continue (0), more than :data:`MAX_HELD_ASSIGNMENTS`, or an id outside
-            1..MAX_ID (named by its index).
+        InvalidArgument: an incarnation outside 0..MAX_ID; held assignments without one (0), more
+            than :data:`MAX_HELD_ASSIGNMENTS`, or an id outside 1..MAX_ID (named by its index).
     """
     _int_between("resume_incarnation", resume_incarnation, 0, MAX_ID)
+    held = f"{len(held_assignment_ids)} ids"
     if held_assignment_ids and resume_incarnation == 0:
-        raise InvalidArgument(
-            "held_assignment_ids",
-            f"{len(held_assignment_ids)} ids",
-            "must be empty unless resume_incarnation names the incarnation they belong to",
-        )
+        rule = "must be empty unless resume_incarnation names the incarnation they belong to"
+        raise InvalidArgument("held_assignment_ids", held, rule)
     if len(held_assignment_ids) > MAX_HELD_ASSIGNMENTS:
-        raise InvalidArgument(
-            "held_assignment_ids",
-            f"{len(held_assignment_ids)} ids",
-            f"must hold at most {MAX_HELD_ASSIGNMENTS}",
-        )
+        raise InvalidArgument("held_assignment_ids", held, f"must hold at most {MAX_HELD_ASSIGNMENTS}")
     for index, aid in enumerate(held_assignment_ids):
         _int_between(f"held_assignment_ids[{index}]", aid, 1, MAX_ID)
     return tuple(dict.fromkeys(held_assignment_ids))
 
 
 def check_restart_hold_ms(hold_ms: int) -> int:
-    """Check a heartbeat's ``restart_hold_ms`` (0: none).
-
-    Raises:
-        InvalidArgument: outside 0..MAX_RESTART_HOLD_MS.
-    """
+    """Check a heartbeat's ``restart_hold_ms`` (0: none); raises InvalidArgument outside
+    0..MAX_RESTART_HOLD_MS."""
     return _int_between("restart_hold_ms", hold_ms, 0, MAX_RESTART_HOLD_MS)
 
 
@@ -173,12 +149,10 @@ MAX_OUTCOMES = 10_000
 MAX_PATH_BYTES = 4096
 """Longest stdout or stderr path an outcome may name (PATH_MAX on Linux, in bytes)."""
 MAX_DETAIL_BYTES = 4096
-"""Longest detail an outcome may carry (the agent cuts its details to fit,
-``agent.messages.MAX_OUTCOME_DETAIL_BYTES``)."""
+"""Longest detail an outcome may carry (``agent.messages.MAX_OUTCOME_DETAIL_BYTES`` fits it)."""
 MAX_OUTCOME_MS = 100 * 365 * 24 * 3600 * 1000
-"""Most milliseconds an outcome's ``run_ms`` and ``ended_ago_ms`` may say (100 years: far past
-any run, and far inside PostgreSQL's intervals); the agent caps its own to it
-(``agent.messages.MAX_OUTCOME_MS``)."""
+"""Most milliseconds an outcome's ``run_ms`` and ``ended_ago_ms`` may say (100 years, far inside
+PostgreSQL's intervals; ``agent.messages.MAX_OUTCOME_MS``)."""
 
 
 def check_outcome(
@@ -196,10 +170,8 @@ def check_outcome(
     """Check one reported job outcome; ``field`` names it in errors (``finished[2]``).
 
     Raises:
-        InvalidArgument: an assignment id outside 1..MAX_ID, a job id outside 0..MAX_ID (0:
-            not given), a state not in :data:`OUTCOME_STATES`, a ``run_ms`` or ``ended_ago_ms``
-            outside 0..MAX_OUTCOME_MS, or a path or detail holding a NUL byte or too long; the
-            field is named with its place, e.g. ``finished[2].detail``.
+        InvalidArgument: an id, state, duration, path or detail out of its limits, named with
+            its place, e.g. ``finished[2].detail``.
     """
     _int_between(f"{field}.assignment_id", assignment_id, 1, MAX_ID)
     _int_between(f"{field}.job_id", job_id, 0, MAX_ID)
@@ -214,12 +186,8 @@ def check_outcome(
 
 def check_outcomes(outcomes: Sequence[Mapping[str, object]], *, field: str = "finished") -> None:
     """Check the outcomes of a heartbeat or a registration (each item the keyword arguments
-    of :func:`check_outcome` but ``field``).
-
-    Raises:
-        InvalidArgument: more than :data:`MAX_OUTCOMES`, or a bad outcome, named by its index
-            (``finished[2].state``).
-    """
+    of :func:`check_outcome` but ``field``); raises InvalidArgument for more than
+    :data:`MAX_OUTCOMES` or a bad outcome."""
     if len(outcomes) > MAX_OUTCOMES:
         raise InvalidArgument(field, len(outcomes), f"must hold at most {MAX_OUTCOMES} outcomes")
     for index, outcome in enumerate(outcomes):

@@ -1,20 +1,10 @@
 """The read-only web console every replica serves on its ``http_port``: an actor.
 
 :class:`Console` serves the pages of :mod:`actors.console.app` with Hypercorn's trio worker and
-samples the cluster's packing every ``sample_interval_s`` into an in-memory ring (the packing
-chart starts when the replica starts), refreshing the list of the other replicas' consoles at
-the same time. It reads the database through a pool of its own (:mod:`actors.console.store`)
-and writes nothing: the replica's console address is recorded with its presence row by the
-ingest, which owns the unfenced writes.
-
-Identity (docs/console.md): with the cluster's TLS files it serves HTTPS with this replica's
-own certificate and asks every part for a login token signed by an operator's or a viewer's
-key (:mod:`runtime.console_token`, made by ``stockade console``). Without them (a cluster run
-with ``--insecure``) it serves plain HTTP on 127.0.0.1 only, asks for no login, and says so in
-its log.
-
-The control plane hosts it on a trio loop of its own (:func:`runtime.threads.run_on_own_loop`),
-so rendering a page never delays a placer round; it shares nothing with the other actors.
+samples the cluster's packing every ``sample_interval_s`` into an in-memory ring, refreshing the
+list of the other replicas' consoles at the same time; it writes nothing. With the cluster's TLS
+files it serves HTTPS and asks for login tokens (:mod:`runtime.console_token`; docs/console.md);
+without them it serves plain HTTP on 127.0.0.1 only, with no login.
 """
 
 from __future__ import annotations
@@ -34,10 +24,7 @@ from actors.console.views import PackingRing, PackingSample
 from actors.logs import LogRelay
 from actors.queries import console as q
 from runtime import identifiers, log
-from runtime.settings.control_plane import (
-    ConsoleSettings,
-    IngestSettings,
-)
+from runtime.settings.control_plane import ConsoleSettings, IngestSettings
 from runtime.tls import ClientTls, TlsFiles
 
 __all__ = ["INSECURE_HOST", "Console", "console_url"]
@@ -61,16 +48,10 @@ class Console:
     """The actor (module docstring).
 
     Args:
-        cp_id: this replica.
-        database_url: the database URL.
         listen_host: the replica's listen host (used only with TLS).
-        http_port: the console's port.
         url: this console's origin (:func:`console_url`).
-        settings: the console's settings.
-        tls: the replica's TLS files (its certificate serves HTTPS, the CA checks login tokens
-            and the certificate reads job output from workers); None: no TLS, no login.
-        clock: the wall clock in Unix seconds (token expiry, certificate validity and the
-            times shown are dates: ``time.time``).
+        tls: the replica's TLS files; None: no TLS, no login.
+        clock: the wall clock in Unix seconds.
     """
 
     cp_id: str
@@ -96,9 +77,7 @@ class Console:
         from hypercorn.config import Config
         from hypercorn.trio import serve
 
-        store = ConsoleStore(
-            cp_id=self.cp_id, database_url=self.database_url, settings=self.settings, clock=self.clock
-        )
+        store = ConsoleStore(self.cp_id, self.database_url, self.settings, self.clock)
         config = Config()
         config.accesslog = None
         config.loglevel = "WARNING"
@@ -109,11 +88,7 @@ class Console:
             self.tls.check()
             config.certfile, config.keyfile = str(self.tls.cert_path), str(self.tls.key_path)
             config.bind = [identifiers.format_address(self.listen_host, self.http_port)]
-            tokens = TokenCheck(
-                ca_pem=self.tls.ca_path.read_bytes(),
-                max_lifetime_s=self.settings.max_token_lifetime_s,
-                clock=self.clock,
-            )
+            tokens = TokenCheck(self.tls.ca_path.read_bytes(), self.settings.max_token_lifetime_s, self.clock)
         else:
             config.bind = [f"{INSECURE_HOST}:{self.http_port}"]
         # Built on a thread: compiling the templates takes a few hundred ms of CPU.
@@ -126,9 +101,7 @@ class Console:
                 settings=self.settings,
                 tokens=tokens,
                 logs=LogRelay(
-                    cp_id=self.cp_id,
-                    settings=IngestSettings(),
-                    tls=None if self.tls is None else ClientTls(self.tls),
+                    self.cp_id, IngestSettings(), None if self.tls is None else ClientTls(self.tls)
                 ),
                 ring=PackingRing(size=self.settings.history_samples),
                 clock=self.clock,
@@ -152,9 +125,8 @@ class Console:
             await store.close()
 
     async def _sample(self, app: ConsoleApp, *, task_status: trio.TaskStatus[None]) -> None:
-        """Every ``sample_interval_s``: the packing sample into the ring, and the consoles of
-        the replicas seen lately. A sample the database does not give is skipped (the chart
-        shows the gap); the store keeps since when it fails."""
+        """Every ``sample_interval_s``: the packing sample into the ring (skipped when the
+        database does not give it), and the consoles of the replicas seen lately."""
         task_status.started()
         next_at = trio.current_time()
         while True:

@@ -46,12 +46,12 @@ MAX_FILTER_CHARS = 200
 """Longest ``name`` or ``worker`` filter the jobs page takes."""
 REFUSAL_LOG_EVERY_S = 60.0
 """At most one log line per reason of refused logins in this many seconds."""
+PAGE_FAILED = "this page failed; the replica's log says why"
 
 
 @attrs.define
 class TokenCheck:
-    """Checks the login tokens of requests (:mod:`runtime.console_token`) against the
-    cluster CA.
+    """Checks the login tokens of requests (:mod:`runtime.console_token`) against the cluster CA.
 
     Args:
         ca_pem: the cluster CA's certificate, PEM.
@@ -73,8 +73,7 @@ class TokenCheck:
         """Who an ``Authorization`` header's bearer token names.
 
         Raises:
-            TokenRefused: no bearer token, or one :func:`runtime.console_token.verify_token`
-                refuses.
+            TokenRefused: no bearer token, or one :func:`runtime.console_token.verify_token` refuses.
         """
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
@@ -110,20 +109,14 @@ class PageStatus(Exception):
 PageFn = Callable[[Request], Awaitable[Part]]
 
 
+def _page_part(template: str, status: int = 200, **values: Any) -> Part:
+    return Part(status=status, template=f"parts/{template}.html", values=values)
+
+
 @attrs.define
 class ConsoleApp:
-    """The console of one replica (see the module docstring).
-
-    Args:
-        cp_id: this replica.
-        own_url: this console's origin (``https://127.0.0.1:7301``).
-        store: the console's database reads.
-        settings: the console's settings.
-        tokens: checks login tokens; None: no login (a cluster run with ``--insecure``).
-        logs: relays the tail of a job's output from its worker.
-        ring: the packing samples.
-        clock: the wall clock, Unix seconds.
-    """
+    """The console of one replica: ``own_url`` its origin (``https://127.0.0.1:7301``),
+    ``tokens`` None for no login (a cluster run with ``--insecure``), ``clock`` the wall clock."""
 
     cp_id: str
     own_url: str
@@ -148,9 +141,7 @@ class ConsoleApp:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self._env.filters["duration"] = views.duration
-        self._env.filters["clock"] = views.clock
-        self._env.filters["job_name"] = views.job_name
+        self._env.filters.update(duration=views.duration, clock=views.clock, job_name=views.job_name)
         for name in self._env.list_templates():
             self._env.get_template(name)  # compiled now, not on a page's first request
         folder = importlib.resources.files("actors.console") / "static"
@@ -158,8 +149,6 @@ class ConsoleApp:
             "console.js": ((folder / "console.js").read_bytes(), "text/javascript; charset=utf-8"),
             "console.css": ((folder / "console.css").read_bytes(), "text/css; charset=utf-8"),
         }
-
-    # ------------------------------------------------------------------ plumbing
 
     def allowed_origins(self) -> set[str]:
         """The origins whose pages may read this console's parts: every known console's."""
@@ -206,7 +195,7 @@ class ConsoleApp:
         if now - self._refusals_logged_at.get(reason, -math.inf) >= REFUSAL_LOG_EVERY_S:
             self._refusals_logged_at[reason] = now
             self._log.warning("console refused a request", reason=reason)
-        return Part(status=401, template="parts/unauthorized.html", values={"reason": reason})
+        return _page_part("unauthorized", 401, reason=reason)
 
     async def _part(self, request: Request, page: PageFn) -> Response:
         cors = self._cors_headers(request)
@@ -228,25 +217,17 @@ class ConsoleApp:
         except TokenRefused as exc:
             part = self._refused(str(exc))
         except PageStatus as exc:
-            part = Part(status=exc.status, template="parts/status.html", values={"message": exc.message})
+            part = _page_part("status", exc.status, message=exc.message)
         except DatabaseDown as exc:
-            part = Part(
-                status=503,
-                template="parts/down.html",
-                values={
-                    "error": str(exc),
-                    "since_unix_s": exc.since_unix_s,
-                    "down_for_s": self.clock() - exc.since_unix_s,
-                },
+            down_for_s = self.clock() - exc.since_unix_s
+            part = _page_part(
+                "down", 503, error=str(exc), since_unix_s=exc.since_unix_s, down_for_s=down_for_s
             )
         except Exception as exc:  # a bug: one log line, a 500 part, no traceback to the server's log
-            error = f"{type(exc).__name__}: {exc}"
-            self._log.error("console page failed", path=request.url.path, error=error)
-            part = Part(
-                status=500,
-                template="parts/status.html",
-                values={"message": "this page failed; the replica's log says why"},
+            self._log.error(
+                "console page failed", path=request.url.path, error=f"{type(exc).__name__}: {exc}"
             )
+            part = _page_part("status", 500, message=PAGE_FAILED)
         html = self.render(
             part.template,
             **part.values,
@@ -274,16 +255,12 @@ class ConsoleApp:
 
     async def _server_error(self, request: Request, exc: Exception) -> Response:
         self._log.error("console page failed", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
-        html = self.render(
-            "error.html", cp_id=self.cp_id, status=500, message="this page failed; the replica's log says why"
-        )
+        html = self.render("error.html", cp_id=self.cp_id, status=500, message=PAGE_FAILED)
         return HTMLResponse(html, status_code=500, headers=self._security_headers())
 
     def _static_file(self, name: str) -> Response:
         body, media_type = self._static[name]
         return Response(body, media_type=media_type, headers={"X-Content-Type-Options": "nosniff"})
-
-    # ------------------------------------------------------------------ pages
 
     async def cluster(self, request: Request) -> Part:
         async def reads(conn: Any) -> tuple[Any, ...]:
@@ -296,25 +273,17 @@ class ConsoleApp:
 
         lease, cps, elections, counts = await self.store.read(reads)
         leader = lease["holder"] if lease is not None and lease["live"] else None
-        replicas = []
-        for row in cps:
-            if row["id"] == leader:
-                role = "leader"
-            elif row["up"]:
-                role = "standby"
-            else:
-                role = "down"
-            replicas.append({**dict(row), "role": role})
-        return Part(
-            status=200,
-            template="parts/cluster.html",
-            values={
-                "lease": lease,
-                "leader": leader,
-                "replicas": replicas,
-                "elections": elections,
-                "job_counts": views.job_counts(counts),
-            },
+        replicas = [
+            {**dict(row), "role": "leader" if row["id"] == leader else "standby" if row["up"] else "down"}
+            for row in cps
+        ]
+        return _page_part(
+            "cluster",
+            lease=lease,
+            leader=leader,
+            replicas=replicas,
+            elections=elections,
+            job_counts=views.job_counts(counts),
         )
 
     def _worker_view(self, row: Any) -> dict[str, Any]:
@@ -328,11 +297,7 @@ class ConsoleApp:
 
     async def workers(self, request: Request) -> Part:
         rows = await self.store.read(lambda conn: conn.fetch(q.CONSOLE_WORKERS))
-        return Part(
-            status=200,
-            template="parts/workers.html",
-            values={"workers": [self._worker_view(r) for r in rows]},
-        )
+        return _page_part("workers", workers=[self._worker_view(r) for r in rows])
 
     async def worker(self, request: Request) -> Part:
         worker_id = request.path_params["worker_id"]
@@ -353,9 +318,7 @@ class ConsoleApp:
         row, runs = await self.store.read(reads)
         if row is None:
             raise PageStatus(404, f"no worker {worker_id!r} has registered with this cluster")
-        return Part(
-            status=200, template="parts/worker.html", values={"worker": self._worker_view(row), "runs": runs}
-        )
+        return _page_part("worker", worker=self._worker_view(row), runs=runs)
 
     async def jobs(self, request: Request) -> Part:
         state = request.query_params.get("state", "")
@@ -375,16 +338,13 @@ class ConsoleApp:
             )
 
         rows, counts = await self.store.read(reads)
-        return Part(
-            status=200,
-            template="parts/jobs.html",
-            values={
-                "jobs": rows,
-                "filters": filters,
-                "states": validation.JOB_STATES,
-                "job_counts": views.job_counts(counts),
-                "limit": q.MAX_JOBS_LISTED,
-            },
+        return _page_part(
+            "jobs",
+            jobs=rows,
+            filters=filters,
+            states=validation.JOB_STATES,
+            job_counts=views.job_counts(counts),
+            limit=q.MAX_JOBS_LISTED,
         )
 
     async def job(self, request: Request) -> Part:
@@ -409,16 +369,9 @@ class ConsoleApp:
         # The environment's values never reach a template: a console reader may be a viewer.
         spec = job_spec_of(row).env_values_hidden()
         outputs, output_note = await self._output_tails(job_id, row["runtime"], source_row)
-        return Part(
-            status=200,
-            template="parts/job.html",
-            values={
-                "job": {key: value for key, value in row.items() if key != "env"},
-                "spec": spec,
-                "attempts": attempts,
-                "outputs": outputs,
-                "output_note": output_note,
-            },
+        job = {key: value for key, value in row.items() if key != "env"}
+        return _page_part(
+            "job", job=job, spec=spec, attempts=attempts, outputs=outputs, output_note=output_note
         )
 
     async def _output_tails(
@@ -473,25 +426,16 @@ class ConsoleApp:
         now = self.clock()
         chart = views.packing_chart(samples, now_unix_s=now, span_s=self.settings.history_s)
         latest = samples[-1] if samples else None
-        return Part(
-            status=200,
-            template="parts/packing.html",
-            values={
-                "chart": chart,
-                "latest": latest,
-                "cpu": None
-                if latest is None
-                else views.bar(latest.cpu_allocated_millis, latest.cpu_capacity_millis, "m"),
-                "memory": None
-                if latest is None
-                else views.bar(latest.memory_allocated_mb, latest.memory_capacity_mb, "MiB"),
-                "latest_age_s": None if latest is None else now - latest.unix_s,
-                "sample_interval_s": self.settings.sample_interval_s,
-                "db_down_since": self.store.down_since_unix_s,
-            },
+        return _page_part(
+            "packing",
+            chart=chart,
+            latest=latest,
+            cpu=latest and views.bar(latest.cpu_allocated_millis, latest.cpu_capacity_millis, "m"),
+            memory=latest and views.bar(latest.memory_allocated_mb, latest.memory_capacity_mb, "MiB"),
+            latest_age_s=None if latest is None else now - latest.unix_s,
+            sample_interval_s=self.settings.sample_interval_s,
+            db_down_since=self.store.down_since_unix_s,
         )
-
-    # ------------------------------------------------------------------ the application
 
     def pages(self) -> list[tuple[str, PageFn]]:
         """(path, page) of every page."""
@@ -508,12 +452,6 @@ class ConsoleApp:
 def build_app(console: ConsoleApp) -> Starlette:
     """The Starlette application serving ``console``'s pages, parts and static files."""
 
-    def shell_route(path: str) -> Route:
-        async def shell(request: Request) -> Response:
-            return console._shell(request)
-
-        return Route(path, shell, methods=["GET"])
-
     def part_route(path: str, page: PageFn) -> Route:
         async def part(request: Request) -> Response:
             return await console._part(request, page)
@@ -526,10 +464,12 @@ def build_app(console: ConsoleApp) -> Starlette:
 
         return Route(f"/static/{name}", static, methods=["GET"])
 
+    async def shell(request: Request) -> Response:
+        return console._shell(request)
+
     routes = []
     for path, page in console.pages():
-        routes.append(shell_route(path))
-        routes.append(part_route(path, page))
+        routes += [Route(path, shell, methods=["GET"]), part_route(path, page)]
     routes.extend(static_route(name) for name in ("console.js", "console.css"))
     return Starlette(
         routes=routes,

@@ -1,15 +1,10 @@
 """The console's database reads: a small pool of its own, every page's reads bounded in time.
 
-The console never writes: its sessions run with ``default_transaction_read_only = on``, so a
-statement that would write is refused by the server whatever the code says. Its pool is its
-own (``ConsoleSettings.pool_size`` connections, opened on first use and again after an outage),
-apart from the ingest's, so a page never takes a connection a heartbeat needs.
-
-A page's reads run inside one deadline (``read_timeout_s``, the connection's acquisition
-included; the server's ``statement_timeout`` is the same): past it, or when the database cannot
-be reached, :meth:`ConsoleStore.read` raises :class:`DatabaseDown`, which the page shows with
-the time the database was first found unreachable. That time is kept here, set by the first
-failed read (a page's or the packing sampler's) and cleared by the next one that succeeds.
+Its sessions run with ``default_transaction_read_only = on``; its pool is apart from the
+ingest's, so a page never takes a connection a heartbeat needs. A page's reads run inside one
+deadline (``read_timeout_s``); past it, or when the database cannot be reached,
+:meth:`ConsoleStore.read` raises :class:`DatabaseDown` with the time the database was first found
+unreachable (cleared by the next read that succeeds).
 """
 
 from __future__ import annotations
@@ -38,12 +33,7 @@ meanwhile say the database is unreachable at once)."""
 
 class DatabaseDown(TemporaryError):
     """The console's reads did not complete: the database is unreachable or did not answer in
-    time.
-
-    Args:
-        message: what failed.
-        since_unix_s: when the database was first found unreachable (wall clock, Unix seconds).
-    """
+    time; ``since_unix_s``: when it was first found unreachable (wall clock, Unix seconds)."""
 
     def __init__(self, message: str, *, since_unix_s: float) -> None:
         super().__init__(message)
@@ -52,14 +42,8 @@ class DatabaseDown(TemporaryError):
 
 @attrs.define
 class ConsoleStore:
-    """The console's pool and the database's reachability as its reads found it.
-
-    Args:
-        cp_id: this replica (names the connections in ``pg_stat_activity``).
-        database_url: the database URL.
-        settings: the console's settings (``read_timeout_s``, ``pool_size``).
-        clock: the wall clock, Unix seconds (``time.time``; a test passes its own).
-    """
+    """The console's pool and the database's reachability as its reads found it; ``clock``:
+    the wall clock, Unix seconds."""
 
     cp_id: str
     database_url: str
@@ -98,12 +82,8 @@ class ConsoleStore:
         return self._pool
 
     async def read(self, body: Callable[[PgConnection], Awaitable[T]]) -> T:
-        """``body`` on one of the console's connections, within ``read_timeout_s``.
-
-        Raises:
-            DatabaseDown: the database cannot be reached, refused this client, or did not
-                answer within ``read_timeout_s``.
-        """
+        """``body`` on one of the console's connections, within ``read_timeout_s``; raises
+        DatabaseDown when the database cannot be reached, refused this client, or did not answer."""
         error = ""
         with trio.move_on_after(self.settings.read_timeout_s):
             try:

@@ -1,8 +1,7 @@
 """What the console's pages show, as pure functions of database rows: no trio, no SQL, no HTML.
 
-The templates (``templates/``) get plain values from here: a worker's state as one word, ages
-and instants as text, the geometry of capacity bars and of the packing chart. Tested without a
-database (``tests/unit/test_console_views.py``).
+The templates get plain values from here: a worker's state as one word, ages and instants as
+text, the geometry of capacity bars and of the packing chart.
 """
 
 from __future__ import annotations
@@ -68,24 +67,19 @@ def job_counts(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, int]]:
 
 
 def job_name(row: Mapping[str, Any]) -> str:
-    """A job row's name as people read it: an array's task as ``name[index]``
-    (:func:`runtime.jobs.task_name`); the row has ``name`` and ``array_index`` (NULL: not a
-    task of an array)."""
+    """A job row's name as people read it: an array's task as ``name[index]``."""
     return task_name(str(row["name"]), row["array_index"])
 
 
 def worker_state(row: Mapping[str, Any]) -> str:
-    """One word for a worker row of :data:`actors.queries.console.CONSOLE_WORKERS`: ``dead`` or
-    ``left`` for those states; for an alive one ``draining`` (a drain was asked and jobs are
-    still active), ``drained`` (asked, none active), ``unhealthy`` (its recent runs fail far
-    more often than the other workers': no new placement but a probe), ``cordoned`` (no new
-    placements), ``held`` (a planned restart's hold is ahead), else ``alive``."""
+    """One word for a worker row of :data:`actors.queries.console.CONSOLE_WORKERS`: its state
+    but alive, else ``draining``, ``drained``, ``unhealthy``, ``cordoned``, ``held`` (a planned
+    restart's hold is ahead) or ``alive``."""
     if row["state"] != "alive":
         return str(row["state"])
+    drain_requested, active_jobs = bool(row["drain_requested"]), int(row["job_count"])
     schedule = schedule_of(
-        cordoned=bool(row["cordoned"]),
-        drain_requested=bool(row["drain_requested"]),
-        active_jobs=int(row["job_count"]),
+        cordoned=bool(row["cordoned"]), drain_requested=drain_requested, active_jobs=active_jobs
     )
     if schedule.draining:
         return "draining"
@@ -114,8 +108,7 @@ _ANSI_SEQUENCE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 def printable(data: bytes) -> str:
     """A job's output bytes as text to show: UTF-8 (invalid bytes as U+FFFD), terminal colour
-    sequences dropped, other control characters but tab and newline as U+FFFD. (Markup is
-    escaped by the templates, not here.)"""
+    sequences dropped, other control characters but tab and newline as U+FFFD."""
     text = _ANSI_SEQUENCE.sub("", data.decode("utf-8", errors="replace"))
     return _UNPRINTABLE.sub("\ufffd", text)
 
@@ -167,21 +160,12 @@ class PackingSample:
     @classmethod
     def of_row(cls, unix_s: float, row: Mapping[str, Any]) -> PackingSample:
         """A sample from a row of :data:`actors.queries.console.CONSOLE_PACKING_SAMPLE`."""
-        return cls(
-            unix_s=unix_s,
-            cpu_allocated_millis=int(row["cpu_allocated_millis"]),
-            cpu_capacity_millis=int(row["cpu_capacity_millis"]),
-            memory_allocated_mb=int(row["memory_allocated_mb"]),
-            memory_capacity_mb=int(row["memory_capacity_mb"]),
-            job_count=int(row["job_count"]),
-            worker_count=int(row["worker_count"]),
-        )
+        return cls(unix_s=unix_s, **{f.name: int(row[f.name]) for f in attrs.fields(cls)[1:]})
 
 
 @attrs.define
 class PackingRing:
-    """The last ``size`` samples, oldest first (kept in memory: it starts empty with the
-    replica)."""
+    """The last ``size`` samples, oldest first (in memory: it starts empty with the replica)."""
 
     size: int
     _samples: collections.deque[PackingSample] = attrs.field(init=False)
