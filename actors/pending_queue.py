@@ -119,21 +119,7 @@ class PendingQueue:
         self.shapes, self._shape_of, self._shape_table = [], {}, np.empty((0, 4), dtype=np.int64)
         self.reason_texts, self._code_of = [], {}
         self.reasons = {k: v for k, v in (reasons or {}).items() if v}
-        shapes = self._shapes_of(cpu, mem, container, group)
-        self._store(
-            (
-                ids,
-                cpu,
-                mem,
-                prio,
-                container,
-                group,
-                since,
-                _times(ids, not_before),
-                shapes,
-                self._codes_of(ids, self.reasons),
-            )
-        )
+        self._store(self._columns(ids, cpu, mem, prio, container, group, since, not_before))
         self.failed_on = {j.job_id: j.failed_on for j in jobs if j.failed_on}
 
     def add(
@@ -165,19 +151,7 @@ class PendingQueue:
             if job_id in failed_on:
                 self.failed_on[job_id] = failed_on[job_id]
         since = np.full(ids.size, now, dtype=np.float64)
-        shapes = self._shapes_of(cpu, mem, container, group)
-        added = (
-            ids,
-            cpu,
-            mem,
-            prio,
-            container,
-            group,
-            since,
-            _times(ids, not_before),
-            shapes,
-            self._codes_of(ids, self.reasons),
-        )
+        added = self._columns(ids, cpu, mem, prio, container, group, since, not_before)
         self._store(
             [
                 np.concatenate((getattr(self, name), new))
@@ -232,6 +206,22 @@ class PendingQueue:
     def waiting_for_backoff(self, now: float) -> set[int]:
         """The jobs whose requeue backoff has not passed at ``now``."""
         return set(self.ids[self.not_before > now].tolist())
+
+    def _columns(
+        self,
+        ids: np.ndarray,
+        cpu: np.ndarray,
+        mem: np.ndarray,
+        prio: np.ndarray,
+        container: np.ndarray,
+        group: np.ndarray,
+        since: np.ndarray,
+        not_before: Mapping[int, float] | None,
+    ) -> tuple[np.ndarray, ...]:
+        """The :data:`_QUEUE_COLUMNS` of these jobs, their shapes and reason codes added."""
+        shapes = self._shapes_of(cpu, mem, container, group)
+        codes = self._codes_of(ids, self.reasons)
+        return ids, cpu, mem, prio, container, group, since, _times(ids, not_before), shapes, codes
 
     def _store(self, columns: Sequence[np.ndarray]) -> None:
         """Hold these columns (those of :data:`_QUEUE_COLUMNS`, in its order), put in placement
