@@ -144,19 +144,32 @@ class CheckReport:
     ``finish_required``, every job finished."""
 
     double_placements: int
+    """Jobs with two assignments active at once, or placed again after one finished (from the
+    database)."""
     double_runs: int
+    """Jobs that ran at overlapping times in two places (from the workers' logs)."""
     false_deaths: int
+    """Dead-worker declarations no fault injected into that worker nor a clean stop explains."""
     stale_writes_rejected: int
+    """Fenced writes the database refused (rows of ``stale_writes``)."""
     jobs_submitted: int
     jobs_finished: int
+    """Jobs that succeeded or failed."""
     unfinished_job_ids: tuple[int, ...]
     details: tuple[str, ...]
+    """One line per finding, naming the jobs and workers."""
     lost_successes: int = 0
+    """Successes a worker logged that the database does not record, with no kill to explain it."""
     elections: int = 0
+    """Lease takeovers, the first one included (counted, not judged, as the four below)."""
     worker_deaths: int = 0
+    """Dead-worker declarations, explained or not."""
     self_fences: int = 0
+    """``self_fence`` records: a worker killed its jobs."""
     extra_assignments: int = 0
+    """Assignments beyond one per job that was placed."""
     worker_leaves: int = 0
+    """Clean stops the control planes recorded (rows of ``worker_leaves``)."""
     pauses: int = 0
     """``pause`` records in the workers' logs (each resumed or followed by a self-fence)."""
     jobs_killed_by_outage: int = 0
