@@ -97,6 +97,16 @@ async def _show(client: Client, job_id: int, stream: str, *, follow: bool, tail:
         try:
             async with client.logs(job_id, stream=stream, follow=follow, tail_lines=tail) as chunks:
                 async for chunk in chunks:
+                    if chunk.cut_run is not None:
+                        sys.stdout.flush()
+                        err_console().print(
+                            f"[stockade logs: the run of job {job_id} on worker {chunk.worker_id or '?'} "
+                            f"(assignment {chunk.cut_run}) ended while its worker did not answer: "
+                            f"the rest of its {stream} is kept on that worker only]",
+                            markup=False,
+                            soft_wrap=True,
+                        )
+                        continue
                     if run is not None and chunk.assignment_id not in (None, run):
                         sys.stdout.flush()
                         err_console().print(

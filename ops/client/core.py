@@ -392,7 +392,9 @@ class Client:
         after :data:`LOG_RESUMES` such openings in a row with nothing received, the iteration
         ends with the last error. With ``follow``, a run that ended while the job will run
         again does not end the iteration: it goes on with the next run's output from its start
-        (each chunk names its ``assignment_id``), until the job has ended.
+        (each chunk names its ``assignment_id``), until the job has ended; a run whose worker
+        does not answer is waited for while it is active, and once it has ended an empty chunk
+        with ``cut_run`` says its output stopped early.
         """
         from protocol import pb
 

@@ -313,6 +313,9 @@ class LogChunk:
     offset: int = 0
     """Where ``data`` begins in that run's output (the bytes it wrote before, dropped ones
     included)."""
+    cut_run: int | None = None
+    """Following: a run (assignment id) whose output stopped early, on this empty chunk: it
+    ended while its worker (``worker_id``) did not answer, so the rest is kept there only."""
 
 
 # ---------------------------------------------------------------------------- from the wire
@@ -406,4 +409,4 @@ def cancel_from_pb(job_id: int, message: pb.CancelJobReply) -> CancelOutcome:
 
 def chunk_from_pb(message: pb.LogChunk) -> LogChunk:
     """A ``LogChunk`` message as a :class:`LogChunk`."""
-    return _from_pb(LogChunk, message)
+    return _from_pb(LogChunk, message, cut_run=None)

@@ -72,7 +72,10 @@ class LogStream(ChunkStream):
     the last one received (each chunk's ``offset``), up to :data:`LOG_RESUMES` times in a row:
     no byte comes twice and none is skipped. With ``follow``, a run that ended while its job did
     not goes on with the next run's output, from its start, until the job has ended; following
-    with no tail begins with the job's first run that started, so every run's output comes."""
+    with no tail begins with the job's first run that started, so every run's output comes; a
+    run whose worker stops answering is waited for while it is active, and once it has ended
+    (its worker declared dead) the stream goes on with the next run, with a chunk that says the
+    rest of the cut run is on that worker only (``LogChunk.cut_run``)."""
 
     def __init__(self, cp: ControlPlaneClient, request: pb.ReadJobLogsRequest, *, job_id: int) -> None:
         self._cp = cp
@@ -90,6 +93,8 @@ class LogStream(ChunkStream):
         """Streams opened again in a row since output last came."""
         self._job_ended = False
         """The job had ended when last read (:meth:`_open_next_run`)."""
+        self._cut: list[LogChunk] = []
+        """Notices of runs whose output stopped early (``LogChunk.cut_run``), to be returned next."""
 
     async def next(self) -> LogChunk | None:
         """The next chunk, or None once the output has all come (without ``follow``) or the
@@ -98,11 +103,18 @@ class LogStream(ChunkStream):
         Raises:
             the errors :meth:`Client.logs` lists.
         """
-        while not self._done:
+        while True:
+            if self._cut:
+                return self._cut.pop(0)
+            if self._done:
+                return None
             try:
                 with raised_as(functools.partial(JobNotFound, self._job_id)):
                     message = await self._receive()
             except (Unavailable, DeadlineExceeded) as exc:
+                if self._request.follow and self._assignment_id:
+                    await self._after_silence()
+                    continue
                 if self._next_offset is None or self._resumes >= LOG_RESUMES:
                     if self._resumes:
                         exc.add_note(
@@ -132,7 +144,6 @@ class LogStream(ChunkStream):
                 else:
                     chunk = attrs.evolve(chunk, job_ended=False)  # more comes, from the next run
             return chunk
-        return None
 
     async def _receive(self) -> pb.LogChunk | None:
         """The next message of the open stream, opening it first if need be; None at its end."""
@@ -176,6 +187,12 @@ class LogStream(ChunkStream):
                 if attempt.state == "active":
                     return None  # placed, not started yet: its output comes later
                 continue  # it ended without starting: it has no output
+            except (Unavailable, DeadlineExceeded):
+                if attempt.state == "active":  # its worker may answer again: wait for it
+                    self._request, self._assignment_id = request, attempt.assignment_id
+                    raise
+                self._cut.append(_cut_notice(attempt))
+                continue
             self._request, self._assignment_id, self._next_offset = request, attempt.assignment_id, None
             return True
         return False
@@ -194,6 +211,27 @@ class LogStream(ChunkStream):
             await trio.sleep(WAIT_POLL.ceiling_s(reads))
             reads += 1
 
+    async def _after_silence(self) -> None:
+        """Following, the run being read stopped answering (its worker, or every replica's way
+        to it): while the run is active, wait a moment and open it again from where it broke;
+        once it has ended (its worker declared dead, say), the rest of its output is on that
+        worker only: a notice of it (``cut_run``), then the next run's output, or the end."""
+        await self._close_stream()
+        from protocol import pb
+
+        info: pb.JobInfo = await self._cp.call("get_job", pb.GetJobRequest(job_id=self._job_id))
+        (attempt,) = [a for a in info.attempt_history if a.assignment_id == self._assignment_id] or [
+            pb.Attempt(assignment_id=self._assignment_id, state="ended")
+        ]
+        if attempt.state == "active":
+            await trio.sleep(WAIT_POLL.ceiling_s(self._resumes))
+            self._resumes += 1
+            self._request = _resumed(self._request, self._assignment_id, self._next_offset or 0)
+            return
+        self._cut.append(_cut_notice(attempt))
+        if await self._next_run():
+            await self.aclose()
+
     async def _close_stream(self) -> None:
         await self._opened.aclose()
         self._opened = contextlib.AsyncExitStack()
@@ -203,6 +241,18 @@ class LogStream(ChunkStream):
         """End the stream, if it is open (idempotent; the control plane's handler is cancelled)."""
         self._done = True
         await self._opened.aclose()
+
+
+def _cut_notice(attempt: pb.Attempt) -> LogChunk:
+    """An empty chunk saying the output of run ``attempt``, which has ended, stopped early."""
+    return LogChunk(
+        data=b"",
+        dropped_bytes=0,
+        job_ended=False,
+        worker_id=attempt.worker_id or None,
+        assignment_id=None,
+        cut_run=int(attempt.assignment_id),
+    )
 
 
 def _resumed(request: pb.ReadJobLogsRequest, assignment_id: int, offset: int) -> pb.ReadJobLogsRequest:

@@ -202,6 +202,37 @@ def test_logs_follow_goes_on_through_the_runs_of_a_job_that_is_retried(
     assert client.job(job_id).state == "succeeded"
 
 
+def test_logs_follow_goes_on_with_the_next_run_when_the_worker_running_it_is_killed(
+    tmp_path: Path, database_url: str
+) -> None:
+    """Following a job whose worker is SIGKILLed mid-run (two workers): the follower waits
+    while the run is active, says once its worker is declared dead that the rest of that run's
+    output stays on it, prints the next run's output (the job placed again on the other
+    worker) and exits 0 with the job."""
+    local = LocalCluster(tmp_path / "stockade", database_url=database_url)
+    try:
+        ready = local.up(control_planes=2, workers=2)
+        client = Client(ready)
+
+        def kill_its_worker(job_id: int) -> None:
+            (running,) = [a for a in client.job(job_id).attempt_history if a.state == "active"]
+            (spec,) = [p for p in ready.config.processes if p.id == running.worker_id]
+            process = local.live_process(spec)
+            assert process is not None
+            process.kill()
+            process.wait(10)
+
+        job_id, out, errors, code = follow_gated(client, kill_its_worker)
+    finally:
+        local.down()
+    assert code == 0, errors
+    assert out == "step 1\nstep 2\nstep 1\nstep 2\nstep 3\nstep 4\n", errors
+    assert "ended while its worker did not answer: the rest of its stdout is kept on that worker only" in (
+        errors
+    )
+    assert f"job {job_id} runs again" in errors
+
+
 def test_logs_follow_opened_after_a_retried_job_ended_prints_every_run(
     cluster: tuple[LocalCluster, UpResult],
 ) -> None:

@@ -29,12 +29,13 @@ from runtime.errors import (
 
 
 class ScriptedReplicas:
-    """Answers ReadJobLogs with scripted streams (a list of chunks, or an error raised before
-    any chunk), one per replica asked, and GetJob with a job in ``state`` (:meth:`call`)."""
+    """Answers ReadJobLogs with scripted streams (a list of chunks, an error in it breaking the
+    stream there, or an error raised before any chunk), one per replica asked, and GetJob with
+    a job in ``state`` (:meth:`call`)."""
 
     def __init__(
         self,
-        *streams: list[pb.LogChunk] | StockadeError,
+        *streams: list[pb.LogChunk | StockadeError] | StockadeError,
         state: str = "pending",
         jobs: tuple[pb.JobInfo, ...] = (),
     ) -> None:
@@ -57,6 +58,8 @@ class ScriptedReplicas:
         async def chunks() -> AsyncIterator[pb.LogChunk]:
             for chunk in scripted:
                 await trio.lowlevel.checkpoint()
+                if isinstance(chunk, StockadeError):
+                    raise chunk  # the stream breaks after the chunks before it
                 yield chunk
 
         yield chunks()
@@ -166,6 +169,84 @@ def test_following_a_job_that_is_retried_goes_on_with_its_next_run(monkeypatch: 
         pb.ReadJobLogsRequest(assignment_id=4, **run),
     ]
     assert replicas.jobs == []
+
+
+def test_following_a_run_whose_worker_stops_answering_waits_then_goes_on_with_the_next_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Following, the run's stream breaks and its worker does not answer: while the run is
+    active it is opened again from where it broke; once it has ended (its worker declared
+    dead), a notice says the rest of its output is on that worker only, and the next run's
+    output follows; the command exits 0 with the job."""
+    unreachable = PeerUnavailable("127.0.0.1:1: UNAVAILABLE: worker w-1 is unreachable")
+    running = pb.Attempt(assignment_id=3, state="active", worker_id="w-1")
+    lost = pb.Attempt(assignment_id=3, state="lost", worker_id="w-1")
+    replicas = ScriptedReplicas(
+        [pb.LogChunk(data=b"one\n", worker_id="w-1", assignment_id=3), unreachable],
+        unreachable,
+        [pb.LogChunk(data=b"two\n", job_ended=True, worker_id="w-2", assignment_id=4)],
+        jobs=(
+            pb.JobInfo(job_id=7, state="running", attempt_history=[running]),
+            pb.JobInfo(job_id=7, state="running", attempt_history=[running]),
+            pb.JobInfo(job_id=7, state="pending", attempt_history=[lost]),
+            pb.JobInfo(
+                job_id=7, state="running", attempt_history=[lost, pb.Attempt(assignment_id=4, state="active")]
+            ),
+            pb.JobInfo(
+                job_id=7,
+                state="succeeded",
+                attempt_history=[lost, pb.Attempt(assignment_id=4, state="finished")],
+            ),
+        ),
+    )
+    scripted(monkeypatch, replicas)
+    result = invoke("7", "--follow")
+    assert result.exit_code == 0, result.output
+    assert result.stdout_bytes == b"one\ntwo\n"
+    assert (
+        "the run of job 7 on worker w-1 (assignment 3) ended while its worker did not answer: "
+        "the rest of its stdout is kept on that worker only" in result.stderr
+    )
+    assert "job 7 runs again (assignment 4 on worker w-2)" in result.stderr
+    run = {"job_id": 7, "stream": "stdout", "follow": True, "has_offset": True}
+    assert replicas.requests == [
+        pb.ReadJobLogsRequest(assignment_id=3, offset=0, **run),
+        pb.ReadJobLogsRequest(assignment_id=3, offset=4, **run),
+        pb.ReadJobLogsRequest(assignment_id=4, offset=0, **run),
+    ]
+    assert replicas.jobs == []
+
+
+def test_following_from_the_start_passes_over_a_run_whose_dead_worker_keeps_its_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Following a job whose first run was lost with its worker (declared dead, its output on
+    it only) and which runs again elsewhere: a notice for the first run, then the second's
+    output; exit 0 with the job."""
+    dead = PeerUnavailable("127.0.0.1:1: UNAVAILABLE: worker w-3 was declared dead")
+    lost = pb.Attempt(assignment_id=3, state="lost", worker_id="w-3")
+    replicas = ScriptedReplicas(
+        dead,
+        [pb.LogChunk(data=b"two\n", job_ended=True, worker_id="w-1", assignment_id=4)],
+        jobs=(
+            pb.JobInfo(
+                job_id=7, state="running", attempt_history=[lost, pb.Attempt(assignment_id=4, state="active")]
+            ),
+            pb.JobInfo(
+                job_id=7,
+                state="succeeded",
+                attempt_history=[lost, pb.Attempt(assignment_id=4, state="finished")],
+            ),
+        ),
+    )
+    scripted(monkeypatch, replicas)
+    result = invoke("7", "--follow")
+    assert result.exit_code == 0, result.output
+    assert result.stdout_bytes == b"two\n"
+    assert "the run of job 7 on worker w-3 (assignment 3) ended while its worker did not answer" in (
+        result.stderr
+    )
+    assert [r.assignment_id for r in replicas.requests] == [3, 4]
 
 
 def test_without_follow_a_job_that_has_not_started_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
