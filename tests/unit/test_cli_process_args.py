@@ -70,6 +70,16 @@ def started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[
             "--agent-args: --help prints help and runs no stockade agent, got '--help'",
         ),
         (
+            ["--agent-args", "--label b@d=1"],
+            "--agent-args: --label key must be a name of 1-63 characters of A-Z a-z 0-9 - _ . starting "
+            "and ending with a letter or digit, optionally after a lower-case DNS subdomain and a slash "
+            "for stockade agent ('b@d'), got '--label b@d=1'",
+        ),
+        (
+            ["--agent-args", "--label noequals"],
+            "--agent-args: --label must be key=value for stockade agent ('noequals'), got '--label noequals'",
+        ),
+        (
             ["--agent-args", "--label 'a=b"],
             '--agent-args must be options as a shell reads them (no closing quotation), got "--label \'a=b"',
         ),

@@ -235,6 +235,18 @@ def _fleet_certificate(folder: Path | None, fleet_id: str, worker_ids: list[str]
     return files
 
 
+def _labels_checked(labels: list[str] | None) -> list[str] | None:
+    """The --label values, checked as they are parsed: `stockade up --agent-args` parses an
+    agent's options before it records them, so it refuses a bad label before anything starts."""
+    from runtime.errors import InvalidArgument
+
+    try:
+        parse_labels(labels or [])
+    except InvalidArgument as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    return labels
+
+
 @app.command("agent")
 @with_options(WORKER_OPTIONS)
 def agent(
@@ -264,6 +276,7 @@ def agent(
             "--label",
             help="A label key=value for constraints to match (repeatable), e.g. --label gpu=a100. "
             "The agent sets container=docker|none and resources=cgroup2|cgroup1|rlimit itself.",
+            callback=_labels_checked,
         ),
     ] = None,
 ) -> None:
