@@ -155,7 +155,7 @@ def _read_bytes(shown: str) -> bytes:
 
 
 def _too_large(size: int) -> str:
-    shown = f"{size} bytes" if size <= MAX_JOB_FILE_BYTES + 1 else f"{size / 2**20:.1f} MiB"
+    shown = f"{size:,} bytes" + ("" if size < 2 * 2**20 else f" ({size / 2**20:.1f} MiB)")
     return f"a job file must be at most {MAX_JOB_FILE_BYTES} bytes (1 MiB), this one has {shown}"
 
 

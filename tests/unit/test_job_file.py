@@ -243,8 +243,16 @@ def test_a_50_mb_file_is_refused_by_its_size_before_it_is_read(
         file.truncate(50 * 1000 * 1000)
     monkeypatch.setattr(jobfile, "_decode", lambda *a: pytest.fail("decoded"))
     assert refused(path) == (
-        f"big.toml: a job file must be at most {MAX_JOB_FILE_BYTES} bytes (1 MiB), this one has 47.7 MiB"
+        f"big.toml: a job file must be at most {MAX_JOB_FILE_BYTES} bytes (1 MiB), this one has "
+        "50,000,000 bytes (47.7 MiB)"
     )
+
+
+def test_a_file_just_over_the_limit_says_its_size_in_bytes(tmp_path: Path) -> None:
+    """Just over 1 MiB, the size is told in bytes: '1.0 MiB' would not say why it is refused."""
+    path = Path("over.toml")
+    path.write_bytes(b"#" * (MAX_JOB_FILE_BYTES + 62))
+    assert refused(path).endswith(f"this one has {MAX_JOB_FILE_BYTES + 62:,} bytes")
 
 
 @pytest.mark.parametrize(
