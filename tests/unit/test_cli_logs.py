@@ -171,6 +171,18 @@ def test_following_a_job_that_is_retried_goes_on_with_its_next_run(monkeypatch: 
     assert replicas.jobs == []
 
 
+def run_4_after(before: pb.Attempt) -> tuple[pb.JobInfo, pb.JobInfo]:
+    """GetJob's answers once job 7 runs again as assignment 4 after ``before``: running, then
+    succeeded."""
+
+    def job(state: str, run: str) -> pb.JobInfo:
+        return pb.JobInfo(
+            job_id=7, state=state, attempt_history=[before, pb.Attempt(assignment_id=4, state=run)]
+        )
+
+    return job("running", "active"), job("succeeded", "finished")
+
+
 def test_following_a_run_whose_worker_stops_answering_waits_then_goes_on_with_the_next_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -189,14 +201,7 @@ def test_following_a_run_whose_worker_stops_answering_waits_then_goes_on_with_th
             pb.JobInfo(job_id=7, state="running", attempt_history=[running]),
             pb.JobInfo(job_id=7, state="running", attempt_history=[running]),
             pb.JobInfo(job_id=7, state="pending", attempt_history=[lost]),
-            pb.JobInfo(
-                job_id=7, state="running", attempt_history=[lost, pb.Attempt(assignment_id=4, state="active")]
-            ),
-            pb.JobInfo(
-                job_id=7,
-                state="succeeded",
-                attempt_history=[lost, pb.Attempt(assignment_id=4, state="finished")],
-            ),
+            *run_4_after(lost),
         ),
     )
     scripted(monkeypatch, replicas)
@@ -228,16 +233,7 @@ def test_following_from_the_start_passes_over_a_run_whose_dead_worker_keeps_its_
     replicas = ScriptedReplicas(
         dead,
         [pb.LogChunk(data=b"two\n", job_ended=True, worker_id="w-1", assignment_id=4)],
-        jobs=(
-            pb.JobInfo(
-                job_id=7, state="running", attempt_history=[lost, pb.Attempt(assignment_id=4, state="active")]
-            ),
-            pb.JobInfo(
-                job_id=7,
-                state="succeeded",
-                attempt_history=[lost, pb.Attempt(assignment_id=4, state="finished")],
-            ),
-        ),
+        jobs=run_4_after(lost),
     )
     scripted(monkeypatch, replicas)
     result = invoke("7", "--follow")
