@@ -520,8 +520,16 @@ $$;
 -- record_outcomes), called in the transaction that ends them: each still assigned or running
 -- is pending again at once (no loss counted, no backoff; not started, no reason), or cancelled
 -- if its cancel was asked (its last run's start kept). Returns the ids changed.
-CREATE OR REPLACE FUNCTION requeue_unspent(p_job_ids bigint[]) RETURNS bigint[] LANGUAGE sql AS $$
-    WITH requeued AS (
+CREATE OR REPLACE FUNCTION requeue_unspent(p_job_ids bigint[]) RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+    requeued bigint[];
+BEGIN
+    -- Most calls (every report of outcomes) have none: no statement, and plpgsql keeps the
+    -- UPDATE's plan for the session.
+    IF coalesce(cardinality(p_job_ids), 0) = 0 THEN
+        RETURN '{}';
+    END IF;
+    WITH r AS (
         UPDATE jobs j
            SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
                finished_at = CASE WHEN j.cancel_requested THEN now() END,
@@ -533,8 +541,9 @@ CREATE OR REPLACE FUNCTION requeue_unspent(p_job_ids bigint[]) RETURNS bigint[] 
          WHERE j.id = ANY(p_job_ids) AND j.state IN ('assigned', 'running')
      RETURNING j.id
     )
-    SELECT coalesce(array_agg(id), '{}') FROM requeued
-$$;
+    SELECT coalesce(array_agg(id), '{}') INTO requeued FROM r;
+    RETURN requeued;
+END $$;
 
 -- ---------------------------------------------------------------- heartbeats and outcomes
 

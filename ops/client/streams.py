@@ -220,9 +220,10 @@ class LogStream(ChunkStream):
         from protocol import pb
 
         info: pb.JobInfo = await self._cp.call("get_job", pb.GetJobRequest(job_id=self._job_id))
-        (attempt,) = [a for a in info.attempt_history if a.assignment_id == self._assignment_id] or [
-            pb.Attempt(assignment_id=self._assignment_id, state="ended")
-        ]
+        attempt = next(
+            (a for a in info.attempt_history if a.assignment_id == self._assignment_id),
+            pb.Attempt(assignment_id=self._assignment_id),  # not listed: taken as ended
+        )
         if attempt.state == "active":
             await trio.sleep(WAIT_POLL.ceiling_s(self._resumes))
             self._resumes += 1
