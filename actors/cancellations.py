@@ -158,6 +158,7 @@ class Cancellations:
         caps: tuple[float, ...],
     ) -> None:
         ids = tuple(d.assignment.assignment_id for d in group)
+        logger = self._log.bind(epoch=epoch, worker_id=worker.worker_id)
         reply: Reply[tuple[int, ...]] = Reply()
         await self.dispatcher.send(
             CancelOnWorker(
@@ -172,10 +173,8 @@ class Cancellations:
         with trio.move_on_after(CANCEL_REPLY_WAIT_S) as waited:
             acknowledged = await reply.wait()
         if waited.cancelled_caught:
-            self._log.warning(
+            logger.warning(
                 "cancellation unanswered: the dispatcher never replied",
-                epoch=epoch,
-                worker_id=worker.worker_id,
                 waited_s=CANCEL_REPLY_WAIT_S,
                 assignment_ids=list(ids),
             )
@@ -197,10 +196,8 @@ class Cancellations:
                 )
             )
         job_of = {d.assignment.assignment_id: d.assignment.job_id for d in group}
-        self._log.info(
+        logger.info(
             "ended assignments",
-            epoch=epoch,
-            worker_id=worker.worker_id,
             reason=reason,
             count=len(ended),
             job_ids=[job_of[a] for a in ended if a in job_of],

@@ -144,31 +144,24 @@ class Dispatcher:
     async def _assign(self, message: Dispatch) -> None:
         w = message.worker
         request = pb.AssignRequest(
-            epoch=message.epoch,
-            worker_id=w.worker_id,
-            incarnation=w.incarnation,
-            assignments=[assignment_message(a) for a in message.assignments],
+            **_addressed(message), assignments=[assignment_message(a) for a in message.assignments]
         )
-        keys = {
-            "epoch": message.epoch,
-            "worker_id": w.worker_id,
-            "incarnation": w.incarnation,
+        logger = self._log.bind(epoch=message.epoch, worker_id=w.worker_id, incarnation=w.incarnation)
+        ids = {
             "job_ids": [a.job_id for a in message.assignments],
             "assignment_ids": [a.assignment_id for a in message.assignments],
         }
         try:
             reply = await self.calls.assign(w.address, request, self.settings.rpc_timeout_s)
         except StockadeError as exc:
-            self._log.warning("assign failed", count=len(message.assignments), error=str(exc), **keys)
+            logger.warning("assign failed", count=len(message.assignments), error=str(exc), **ids)
             return
-        self._log.debug("assigned", **keys)
+        logger.debug("assigned", **ids)
         if reply.refused:
             reasons = sorted({r.reason for r in reply.refused})
             job_of = {a.assignment_id: a.job_id for a in message.assignments}
-            self._log.warning(
+            logger.warning(
                 "worker refused assignments",
-                epoch=message.epoch,
-                worker_id=w.worker_id,
                 refused=len(reply.refused),
                 reasons=reasons,
                 job_ids=[job_of.get(r.assignment_id) for r in reply.refused],
@@ -180,18 +173,16 @@ class Dispatcher:
 
     async def _cancel(self, message: CancelOnWorker) -> None:
         w = message.worker
-        request = pb.CancelRequest(
-            epoch=message.epoch,
-            worker_id=w.worker_id,
-            incarnation=w.incarnation,
-            assignment_ids=list(message.assignment_ids),
-        )
+        request = pb.CancelRequest(**_addressed(message), assignment_ids=list(message.assignment_ids))
+        logger = self._log.bind(epoch=message.epoch, worker_id=w.worker_id)
         try:
             reply = await self.calls.cancel(w.address, request, self.settings.rpc_timeout_s)
         except StockadeError as exc:
-            ids = {"job_ids": list(message.job_ids), "assignment_ids": list(message.assignment_ids)}
-            self._log.warning(
-                "cancel failed", epoch=message.epoch, worker_id=w.worker_id, **ids, error=str(exc)
+            logger.warning(
+                "cancel failed",
+                job_ids=list(message.job_ids),
+                assignment_ids=list(message.assignment_ids),
+                error=str(exc),
             )
             message.reply.set(())
             return
@@ -199,11 +190,15 @@ class Dispatcher:
             self._stale(message.epoch, reply.epoch_seen)
         if reply.finished_ids:
             # Ended on their own first: their outcome, from a heartbeat, decides their jobs.
-            ended = list(reply.finished_ids)
-            self._log.info(
-                "cancel came after the jobs ended",
-                epoch=message.epoch,
-                worker_id=w.worker_id,
-                assignment_ids=ended,
-            )
+            logger.info("cancel came after the jobs ended", assignment_ids=list(reply.finished_ids))
         message.reply.set(tuple(reply.acknowledged_ids))
+
+
+def _addressed(message: Dispatch | CancelOnWorker) -> dict[str, Any]:
+    """The fields that address a request to ``message``'s worker under its epoch: a worker
+    refuses a request of an older epoch or another incarnation (DESIGN.md, invariant 5)."""
+    return {
+        "epoch": message.epoch,
+        "worker_id": message.worker.worker_id,
+        "incarnation": message.worker.incarnation,
+    }

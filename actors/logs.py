@@ -16,7 +16,7 @@ import trio
 from actors.validation import check_assignment_id
 from protocol import pb
 from runtime import log, metrics, validation
-from runtime.aio import GrpcChannel, Send, rpc_deadline
+from runtime.aio import GrpcChannel, Send, StreamLimits, rpc_deadline
 from runtime.errors import Busy, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Unavailable
 from runtime.settings.control_plane import IngestSettings
 from runtime.tls import WORKER, ClientTls, Expected
@@ -165,9 +165,11 @@ class LogRelay:
                 pb.WorkerBase,
                 "read_logs",
                 worker_request,
-                first_message_s=self.settings.log_open_timeout_s,
-                idle_s=self.settings.log_idle_timeout_s,
-                timeout_s=timeout_s,
+                StreamLimits(
+                    first_message_s=self.settings.log_open_timeout_s,
+                    idle_s=self.settings.log_idle_timeout_s,
+                    timeout_s=timeout_s,
+                ),
             ) as chunks:
                 async for chunk in chunks:
                     await send(chunk)

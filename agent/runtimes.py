@@ -14,7 +14,7 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -238,7 +238,9 @@ async def _timed(
 
 class JobRunner(Protocol):
     """What runs the agent's jobs: :func:`run_job` bound to the process's spawner
-    (:func:`job_runner`), or a scripted stand-in in unit tests."""
+    (:func:`job_runner`), or a scripted stand-in in unit tests. The arguments every job is given
+    are named here; the ones only some jobs are given (a container, limits, a timeout: see
+    :func:`agent.job_task.runner_options`) arrive by name in ``options``."""
 
     async def __call__(
         self,
@@ -250,15 +252,7 @@ class JobRunner(Protocol):
         fence_deadline_path: Path | None,
         job_nice: int,
         on_started: Callable[[], None],
-        run_as: RunAs | None,
-        job_env: Mapping[str, str],
-        pause: PauseView | None = None,
-        container: ContainerJob | None = None,
-        run_options: RunOptions | None = None,
-        resources: JobResources | None = None,
-        limits: JobLimits | None = None,
-        on_spawned: Callable[[int], None] | None = None,
-        oom_score_adj: int | None = None,
+        **options: Any,
     ) -> JobResult: ...
 
 

@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from protocol import pb
-from runtime.aio import GrpcChannel
+from runtime.aio import GrpcChannel, StreamLimits
 from runtime.backoff import FullJitterBackoff
 from runtime.errors import (
     Busy,
@@ -363,27 +363,18 @@ class ControlPlaneClient:
         self,
         rpc: str,
         request: Any,
-        *,
-        first_message_s: float | None,
-        idle_s: float | None = None,
-        timeout_s: float | None = None,
+        limits: StreamLimits,
     ) -> AsyncIterator[AsyncIterator[Any]]:
         """A server-streaming ControlPlane call (``rpc`` in snake_case, e.g.
         ``"read_job_logs"``) on the first replica that opens it; the block reads its messages.
 
         Walks the replicas one at a time, from the one that answered last, until one sends its
         first message (or ends the stream): one that cannot be reached, is busy, sends nothing
-        within ``first_message_s`` or answers UNAVAILABLE (e.g. the worker it would relay from
+        within ``limits.first_message_s`` or answers UNAVAILABLE (e.g. the worker it would relay from
         is out of its reach) is left for the next; busy walks are retried as :meth:`call` does.
         Once a replica has sent a message the stream is its own: a later failure is raised from
         the iteration with a note of how many messages had come (another replica could not
         take it up where it stopped). Leaving the block ends the call.
-
-        Args:
-            first_message_s: the longest wait for each replica's first message, the connection
-                included, in seconds; None: no limit.
-            idle_s: the longest wait for each later message, in seconds; None: no limit.
-            timeout_s: the deadline of the whole stream, in seconds; None: none.
 
         Raises:
             NoControlPlaneReachable, ClusterBusy: as :meth:`call` (a
@@ -392,26 +383,25 @@ class ControlPlaneClient:
             InvalidArgument, NotFound, FailedPrecondition, PermissionDenied, RemoteError: a
                 replica refused the request.
             Unavailable: (from the iteration) the open stream broke or fell silent for
-                ``idle_s``.
+                ``limits.idle_s``.
         """
-        limits = {"first_message_s": first_message_s, "idle_s": idle_s, "timeout_s": timeout_s}
         async with contextlib.AsyncExitStack() as opened:
 
             def attempt(index: int) -> Awaitable[AsyncIterator[Any]]:
-                return opened.enter_async_context(self._stream_attempt(index, rpc, request, **limits))
+                return opened.enter_async_context(self._stream_attempt(index, rpc, request, limits))
 
             messages: AsyncIterator[Any] = await self._walk_while_busy(lambda: self._sequential_walk(attempt))
             yield messages
 
     @asynccontextmanager
     async def _stream_attempt(
-        self, index: int, rpc: str, request: Any, **limits: float | None
+        self, index: int, rpc: str, request: Any, limits: StreamLimits
     ) -> AsyncIterator[AsyncIterator[Any]]:
         """``rpc``'s stream on ``self.addresses[index]`` (``limits``: as :meth:`stream`),
         entered once its first message has come; the block reads every message, that first one
         included (tests replace it with scripted replicas). Raises on entering as :meth:`_attempt`."""
         address = self.addresses[index]
-        async with self._channel(address).stream(pb.ControlPlaneBase, rpc, request, **limits) as messages:
+        async with self._channel(address).stream(pb.ControlPlaneBase, rpc, request, limits) as messages:
             try:
                 first = [await anext(messages)]
             except StopAsyncIteration:

@@ -14,6 +14,7 @@ import trio
 
 from ops.client.errors import JobNotFound, raised_as
 from ops.client.results import ENDED_STATES, LogChunk, chunk_from_pb
+from runtime.aio import StreamLimits
 from runtime.backoff import FullJitterBackoff
 from runtime.client import ControlPlaneClient
 from runtime.errors import DeadlineExceeded, Unavailable
@@ -165,7 +166,9 @@ class LogStream(ChunkStream):
     async def _open(self, request: pb.ReadJobLogsRequest) -> AsyncIterator[pb.LogChunk]:
         """The stream of ``request``, open on the first replica that sends its first chunk."""
         return await self._opened.enter_async_context(
-            self._cp.stream("read_job_logs", request, first_message_s=LOG_OPEN_S, idle_s=LOG_IDLE_S)
+            self._cp.stream(
+                "read_job_logs", request, StreamLimits(first_message_s=LOG_OPEN_S, idle_s=LOG_IDLE_S)
+            )
         )
 
     async def _open_next_run(self, *, after: int) -> bool | None:

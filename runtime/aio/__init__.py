@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from runtime.aio.bridge import asyncio_bridge, asyncio_bridge_open, run_aio, run_trio
     from runtime.aio.grpc_access import Caller, refuse, require_worker, rpc_caller
-    from runtime.aio.grpc_client import GrpcChannel
+    from runtime.aio.grpc_client import GrpcChannel, StreamLimits
     from runtime.aio.grpc_server import (
         Send,
         WireCodec,
@@ -45,7 +45,7 @@ _NAMES_OF: dict[str, tuple[str, ...]] = {
         "takes_encoded_request",
         "trio_service",
     ),
-    "grpc_client": ("GrpcChannel",),
+    "grpc_client": ("GrpcChannel", "StreamLimits"),
     "guest": ("TrioPortal", "open_portal"),
 }
 """Module of this package -> the public names it holds."""
@@ -60,6 +60,7 @@ __all__ = [
     "ReadStore",
     "ReconnectingConnection",
     "Send",
+    "StreamLimits",
     "TrioPortal",
     "WireCodec",
     "asyncio_bridge",

@@ -55,6 +55,18 @@ _BROKEN = (TimeoutError, OSError, grpclib.exceptions.StreamTerminatedError, grpc
 """Errors of a connection that could not be made or broke."""
 
 
+@attrs.frozen
+class StreamLimits:
+    """How long a server stream may take, each in seconds (None: no limit)."""
+
+    first_message_s: float | None
+    """The longest wait for the first message (or the stream's end), the connection included."""
+    idle_s: float | None = None
+    """The longest wait for each later message."""
+    timeout_s: float | None = None
+    """The deadline of the whole stream."""
+
+
 class GrpcChannel:
     """A client connection to one gRPC server, with trio-side calls and error translation."""
 
@@ -155,25 +167,16 @@ class GrpcChannel:
         service: type[ServiceBase],
         rpc: str,
         request: Any,
-        *,
-        first_message_s: float | None,
-        idle_s: float | None = None,
-        timeout_s: float | None = None,
+        limits: StreamLimits,
     ) -> AsyncIterator[AsyncIterator[Any]]:
         """A server-streaming call of ``service``'s ``rpc`` (snake_case, e.g. ``"read_logs"`` of
-        ``pb.WorkerBase``) with ``request``, whose messages the block reads.
+        ``pb.WorkerBase``) with ``request``, whose messages the block reads within ``limits``
+        (its ``timeout_s`` sent as ``grpc-timeout``).
 
         The call is made when the first message is asked for; each message is read when the
         block asks for it (HTTP/2 flow control holds the server's sends meanwhile). Leaving the
         block, however it is left, resets the stream if it has not ended. No task runs beside
         the block, so an error it raises comes out as itself, not in an exception group.
-
-        Args:
-            first_message_s: the longest wait for the first message (or the stream's end), the
-                connection included, in seconds; None: no limit.
-            idle_s: the longest wait for each later message, in seconds; None: no limit.
-            timeout_s: the deadline of the whole call (sent as ``grpc-timeout``), in seconds;
-                None: none.
 
         Raises (from the iteration, translated as :meth:`call` says):
             Unavailable: the peer could not be reached, sent nothing in time, or the stream
@@ -183,9 +186,9 @@ class GrpcChannel:
         """
         path, request_type, reply_type = _route(service, rpc)
         call = self._channel.request(
-            path, grpclib.const.Cardinality.UNARY_STREAM, request_type, reply_type, timeout=timeout_s
+            path, grpclib.const.Cardinality.UNARY_STREAM, request_type, reply_type, timeout=limits.timeout_s
         )
-        messages = _Messages(self, call, request, first_message_s=first_message_s, idle_s=idle_s)
+        messages = _Messages(self, call, request, limits)
         try:
             yield messages
         finally:
@@ -271,8 +274,7 @@ class _Messages:
     _channel: GrpcChannel
     _call: grpclib.client.Stream[Any, Any]
     _request: Any
-    _first_message_s: float | None
-    _idle_s: float | None
+    _limits: StreamLimits
     _entered: bool = False
     _ended: bool = False
     _received: int = 0
@@ -288,7 +290,7 @@ class _Messages:
     async def __anext__(self) -> Any:
         if self._ended:
             raise StopAsyncIteration
-        wait_s = self._first_message_s if self._received == 0 else self._idle_s
+        wait_s = self._limits.first_message_s if self._received == 0 else self._limits.idle_s
         try:
             with trio.fail_after(math.inf if wait_s is None else wait_s):
                 if not self._entered:

@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY
 from agent.core import Agent
 from agent.main import run_agent
 from protocol import pb
-from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
+from runtime.aio import GrpcChannel, StreamLimits, asyncio_bridge, serve_grpc, trio_service
 from runtime.errors import InvalidArgument, NotFound
 from runtime.settings.agent import (
     AgentSettings,
@@ -100,7 +100,7 @@ class Worker:
 
     def stream(self, aid: int, **fields: Any) -> Any:
         request = pb.ReadLogsRequest(worker_id="w-1", job_id=aid * 10, assignment_id=aid, **fields)
-        return self.channel.stream(pb.WorkerBase, "read_logs", request, first_message_s=RPC_TIMEOUT_S)
+        return self.channel.stream(pb.WorkerBase, "read_logs", request, StreamLimits(RPC_TIMEOUT_S))
 
     async def read(self, aid: int, **fields: Any) -> list[pb.LogChunk]:
         async with self.stream(aid, **fields) as chunks:
@@ -255,7 +255,7 @@ async def test_a_request_for_another_worker_is_refused(tmp_path: Path) -> None:
         request = pb.ReadLogsRequest(worker_id="w-2", job_id=10, assignment_id=1)
         with pytest.raises(InvalidArgument, match="must be this worker's id"):
             async with w.channel.stream(
-                pb.WorkerBase, "read_logs", request, first_message_s=RPC_TIMEOUT_S
+                pb.WorkerBase, "read_logs", request, StreamLimits(RPC_TIMEOUT_S)
             ) as chunks:
                 await anext(chunks)
 

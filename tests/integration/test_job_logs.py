@@ -24,7 +24,7 @@ from agent.core import Agent
 from agent.main import run_agent
 from ops import certs as certs_module
 from protocol import pb
-from runtime.aio import GrpcChannel, PgConnection
+from runtime.aio import GrpcChannel, PgConnection, StreamLimits
 from runtime.client import ControlPlaneClient
 from runtime.errors import (
     FailedPrecondition,
@@ -122,7 +122,7 @@ class Cluster:
         client = self.client(id)
         try:
             async with client.stream(
-                "read_job_logs", pb.ReadJobLogsRequest(job_id=job_id, **fields), first_message_s=TIMEOUT_S
+                "read_job_logs", pb.ReadJobLogsRequest(job_id=job_id, **fields), StreamLimits(TIMEOUT_S)
             ) as chunks:
                 return [chunk async for chunk in chunks]
         finally:
@@ -294,7 +294,7 @@ async def test_a_caller_that_goes_away_stops_the_relay_and_the_workers_reader(
         client = c.client()
         try:
             async with client.stream(
-                "read_job_logs", pb.ReadJobLogsRequest(job_id=job_id, follow=True), first_message_s=TIMEOUT_S
+                "read_job_logs", pb.ReadJobLogsRequest(job_id=job_id, follow=True), StreamLimits(TIMEOUT_S)
             ) as chunks:
                 await anext(chunks)
                 assert gauge("stockade_agent_log_readers", readers) == before[1] + 1
@@ -332,7 +332,7 @@ async def test_over_mutual_tls_only_control_planes_may_call_worker_read_logs(
             request = pb.ReadLogsRequest(worker_id="w-1", job_id=job_id, assignment_id=aid)
             with pytest.raises(PermissionDenied, match="read_logs needs control-plane"):
                 async with channel.stream(
-                    pb.WorkerBase, "read_logs", request, first_message_s=TIMEOUT_S
+                    pb.WorkerBase, "read_logs", request, StreamLimits(TIMEOUT_S)
                 ) as chunks:
                     await anext(chunks)
         finally:

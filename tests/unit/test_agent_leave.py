@@ -8,7 +8,7 @@ scripted runner that takes ``STOP_S`` to stop (a command's SIGTERM grace), so th
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,6 @@ from agent.leave import LEAVE_BACKOFF
 from agent.messages import JobState, Leave, LeaveAnswer
 from runtime.errors import Busy
 from runtime.jobs import JobRuntime, SleepRuntime
-from runtime.os_users import RunAs
 from runtime.text import read_jsonl
 
 STOP_S = 0.4
@@ -53,10 +52,7 @@ class SlowToStop:
         fence_deadline_path: Path | None,
         job_nice: int,
         on_started: Callable[[], None],
-        run_as: RunAs | None = None,
-        job_env: Mapping[str, str] | None = None,
-        pause: Any = None,
-        on_spawned: Any = None,
+        **options: Any,
     ) -> JobResult:
         assert isinstance(runtime, SleepRuntime)
         on_started()

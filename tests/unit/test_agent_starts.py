@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,6 @@ from agent.starts import Spawner, StartLimiter, StartTicket
 from runtime import metrics
 from runtime.errors import InvalidArgument
 from runtime.jobs import CommandRuntime, JobRuntime, JobSpec, SleepRuntime
-from runtime.os_users import RunAs
 from runtime.settings.agent import AgentSettings
 from runtime.text import read_jsonl
 
@@ -194,11 +193,7 @@ class ScriptedRunner:
         fence_deadline_path: Path | None,
         job_nice: int,
         on_started: Callable[[], None],
-        run_as: RunAs | None = None,
-        job_env: Mapping[str, str] | None = None,
-        pause: Any = None,
-        on_spawned: Any = None,
-        oom_score_adj: int | None = None,
+        **options: Any,
     ) -> JobResult:
         if isinstance(runtime, SleepRuntime):
             return await run_job(runtime, job_dir=job_dir, stop=stop, stop_grace_s=stop_grace_s)

@@ -42,6 +42,7 @@ from ops.client.results import (
 )
 from ops.client.streams import LOG_IDLE_S, LOG_OPEN_S
 from protocol import pb
+from runtime.aio import StreamLimits
 from runtime.backoff import FullJitterBackoff
 from runtime.errors import Busy, ConnectionRefused, NotFound, Unavailable
 
@@ -62,8 +63,8 @@ class Replica:
     requests: list[tuple[str, Any]] = attrs.field(factory=list)
     times: list[float] = attrs.field(factory=list)
     """When each request came (trio time)."""
-    limits: list[dict[str, Any]] = attrs.field(factory=list)
-    """The limits each stream was opened with (``first_message_s``, ``idle_s``, ``timeout_s``)."""
+    limits: list[StreamLimits] = attrs.field(factory=list)
+    """The limits each stream was opened with."""
     closed: int = 0
     """How many of its streams were ended."""
 
@@ -84,7 +85,7 @@ class Replica:
         return self._next(rpc)
 
     @asynccontextmanager
-    async def stream(self, service: type, rpc: str, request: Any, **limits: Any) -> AsyncIterator[Any]:
+    async def stream(self, service: type, rpc: str, request: Any, limits: StreamLimits) -> AsyncIterator[Any]:
         """A server stream whose messages are ``answers[rpc]`` taken in turn (None: its end)."""
         self.requests.append((rpc, request))
         self.limits.append(limits)
@@ -556,4 +557,4 @@ async def test_logs_give_each_replica_the_same_limits_following_or_not(follow: b
     )
     assert [c.data async for c in client_of(replica).logs(9, follow=follow)] == [b"x"]
     (limits,) = replica.limits
-    assert limits == {"first_message_s": LOG_OPEN_S, "idle_s": LOG_IDLE_S, "timeout_s": None}
+    assert limits == StreamLimits(first_message_s=LOG_OPEN_S, idle_s=LOG_IDLE_S, timeout_s=None)
