@@ -12,7 +12,7 @@ import math
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import grpclib.client
@@ -20,7 +20,6 @@ import grpclib.config
 import grpclib.const
 import grpclib.exceptions
 import trio
-from betterproto2.grpclib import ServiceBase, ServiceStub
 
 from runtime.aio.bridge import CLEANUP_DEADLINE_S, run_aio
 from runtime.errors import (
@@ -40,8 +39,13 @@ from runtime.errors import (
 from runtime.identifiers import parse_address
 from runtime.tls import TlsTarget, describe_tls_error
 
+if TYPE_CHECKING:
+    # Only named in annotations: importing this module leaves betterproto2 to protocol/__init__.py,
+    # which imports it without pydantic.
+    from betterproto2.grpclib import ServiceBase, ServiceStub
+
 T = TypeVar("T")
-StubT = TypeVar("StubT", bound=ServiceStub)
+StubT = TypeVar("StubT", bound="ServiceStub")
 
 
 _RETRYABLE_STATUS = {

@@ -19,6 +19,7 @@ from ops import cli
 from ops.config import INSECURE_ENV
 from ops.launcher import pg, pg_tools, procs
 from protocol import pb
+from runtime.aio import StreamLimits
 from runtime.client import ControlPlaneClient
 from runtime.text import (
     EARLIER_MARKER,
@@ -72,7 +73,7 @@ class TailingWorker:
 
     @asynccontextmanager
     async def stream(
-        self, index: int, rpc_name: str, request: pb.ReadJobLogsRequest, **limits: object
+        self, index: int, rpc_name: str, request: pb.ReadJobLogsRequest, limits: StreamLimits
     ) -> AsyncIterator[object]:
         self.asked.append(request)
         with self.path.open("rb") as file:

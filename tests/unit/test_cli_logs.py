@@ -17,6 +17,7 @@ from ops.cli import app
 from ops.cli import logs as cli_logs
 from ops.config import INSECURE_ENV
 from protocol import pb
+from runtime.aio import StreamLimits
 from runtime.client import ControlPlaneClient
 from runtime.errors import (
     ConnectionRefused,
@@ -47,7 +48,7 @@ class ScriptedReplicas:
 
     @asynccontextmanager
     async def stream(
-        self, index: int, rpc_name: str, request: Any, **limits: Any
+        self, index: int, rpc_name: str, request: Any, limits: StreamLimits
     ) -> AsyncIterator[AsyncIterator[Any]]:
         assert rpc_name == "read_job_logs"
         self.requests.append(request)

@@ -14,24 +14,7 @@ import typer
 
 from ops.cli.common import errors, fail
 from ops.config import default_state_dir
-
-CERTS_DIR = typer.Option(
-    "--certs-dir",
-    show_default=False,
-    help="Folder with the cluster CA's ca.crt and this process's <id>.crt and <id>.key "
-    "(stockade certs issue). [default: the state folder's certs/]",
-)
-INSECURE = typer.Option(
-    "--insecure",
-    help="Serve and call without TLS or identity checks, for development only (anyone who "
-    "reaches the port may call it).",
-)
-NICE = typer.Option(
-    help="CPU priority (nice, -20..19) this process asks for at start, so other work on the "
-    "machine cannot starve its heartbeats; without CAP_SYS_NICE it keeps its own and says so."
-)
-METRICS_PORT = typer.Option(help="Serve Prometheus metrics on the --host address at PORT/metrics (0: off).")
-JSON_LOGS = typer.Option(help="Log JSON lines instead of console lines.")
+from runtime.priority import DEFAULT_NICE
 
 
 class Option:
@@ -53,6 +36,39 @@ class Option:
     ) -> None:
         self.default, self.kind, self.group, self.setting = default, kind or type(default), group, setting
         self.info = info or typer.Option(**declared)
+
+
+PROCESS_OPTIONS = {
+    "metrics_port": Option(
+        0, help="Serve Prometheus metrics on the --host address at PORT/metrics (0: off)."
+    ),
+    "json_logs": Option(False, help="Log JSON lines instead of console lines."),
+    "nice": Option(
+        DEFAULT_NICE,
+        help="CPU priority (nice, -20..19) this process asks for at start, so other work on the "
+        "machine cannot starve its heartbeats; without CAP_SYS_NICE it keeps its own and says so.",
+    ),
+    "certs_dir": Option(
+        None,
+        typer.Option(
+            "--certs-dir",
+            show_default=False,
+            help="Folder with the cluster CA's ca.crt and this process's <id>.crt and <id>.key "
+            "(stockade certs issue). [default: the state folder's certs/]",
+        ),
+        kind=Path | None,
+    ),
+    "insecure": Option(
+        False,
+        typer.Option(
+            "--insecure",
+            help="Serve and call without TLS or identity checks, for development only (anyone who "
+            "reaches the port may call it).",
+        ),
+    ),
+}
+"""The options every long-running process (``cp``, ``agent``, ``fleet``) takes, last in its
+``--help``: how it serves its metrics, logs, runs and proves who it is."""
 
 
 def settings_rows(group: str, default: Callable[[str], Any]) -> Callable[..., dict[str, Option]]:

@@ -13,11 +13,7 @@ import typer
 from ops.cli.base import app
 from ops.cli.common import errors, fail
 from ops.cli.processes import (
-    CERTS_DIR,
-    INSECURE,
-    JSON_LOGS,
-    METRICS_PORT,
-    NICE,
+    PROCESS_OPTIONS,
     Option,
     Options,
     cert_folder,
@@ -35,7 +31,7 @@ from runtime.oom import (
     MIN_JOB_OOM_SCORE_ADJ,
     check_oom_score_adj,
 )
-from runtime.priority import DEFAULT_NICE, check_nice
+from runtime.priority import check_nice
 from runtime.settings.agent import (
     JOB_RESOURCES_CHOICES,
     MAX_JOB_NICE,
@@ -158,17 +154,13 @@ WORKER_OPTIONS: dict[str, Option] = {
         help="Delete a job's folder (its output, its working files) this long after it ended, seconds "
         "(never while it runs).",
     ),
-    "metrics_port": Option(0, METRICS_PORT),
-    "json_logs": Option(False, JSON_LOGS),
-    "nice": Option(DEFAULT_NICE, NICE),
     "oom_score_adj": Option(
         DEFAULT_AGENT_OOM_SCORE_ADJ,
         help="oom_score_adj (-1000..1000) this process and its job supervisors ask for at start, so "
         "the kernel's OOM killer takes jobs first; without CAP_SYS_RESOURCE it goes as low as it "
         "may and says so.",
     ),
-    "certs_dir": Option(None, kind=Path | None, info=CERTS_DIR),
-    "insecure": Option(False, INSECURE),
+    **PROCESS_OPTIONS,
 }
 """The options of ``stockade agent`` and ``stockade fleet``, in the order ``--help`` lists them;
 defaults from :class:`AgentSettings` and :class:`OutputSettings`."""

@@ -5,7 +5,6 @@ it shows."""
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -13,11 +12,7 @@ import typer
 from ops.cli.base import app
 from ops.cli.common import EXIT_INVALID, errors, fail
 from ops.cli.processes import (
-    CERTS_DIR,
-    INSECURE,
-    JSON_LOGS,
-    METRICS_PORT,
-    NICE,
+    PROCESS_OPTIONS,
     Option,
     Options,
     cert_folder,
@@ -27,7 +22,7 @@ from ops.cli.processes import (
     with_options,
 )
 from runtime.errors import InvalidArgument
-from runtime.priority import DEFAULT_NICE, check_nice
+from runtime.priority import check_nice
 from runtime.settings.control_plane import DatabaseWatchSettings, IngestSettings
 from runtime.settings.leader import (
     PLACEMENT_POLICIES,
@@ -253,7 +248,6 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         help="This long after a worker was marked unhealthy, one job at a time may be placed there "
         "as a probe (its success clears the mark), seconds; 0: no probes.",
     ),
-    "metrics_port": Option(0, METRICS_PORT),
     "http_port": Option(
         0,
         min=0,
@@ -262,10 +256,7 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         "this replica's certificate, logging in with `stockade console`; with --insecure, plain "
         "HTTP on 127.0.0.1 only, no login.",
     ),
-    "json_logs": Option(False, JSON_LOGS),
-    "nice": Option(DEFAULT_NICE, NICE),
-    "certs_dir": Option(None, kind=Path | None, info=CERTS_DIR),
-    "insecure": Option(False, INSECURE),
+    **PROCESS_OPTIONS,
 }
 """The options of ``stockade cp`` but its address and database, in the order ``--help`` lists
 them: those that set a field of a settings group of :class:`runtime.settings.ControlPlaneSettings`
