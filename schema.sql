@@ -288,7 +288,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 -- This file's version: the newest migration's (actors/migrations/).
-INSERT INTO schema_version (version) VALUES (3) ON CONFLICT (version) DO NOTHING;
+INSERT INTO schema_version (version) VALUES (4) ON CONFLICT (version) DO NOTHING;
 
 -- ================================================================ routines
 -- Everything below is functions, triggers and views, each CREATE OR REPLACE: applied with the
@@ -487,14 +487,46 @@ RETURNS float8 LANGUAGE sql VOLATILE AS $$
     SELECT full_jitter_s(p_backoff_ms / 1000.0, 600.0, greatest(p_failures, 1) - 1)
 $$;
 
--- Whether a job is placed again after a run that spends one more of its attempts: attempts
--- are left after it (p_failures spent before, p_spent now) and no cancel was asked. The one
--- rule of every retry (record_outcomes; queries.END_TIMED_OUT_ASSIGNMENTS).
+-- Whether a job is placed again after a run that spends p_spent more of its attempts: attempts
+-- are left after it (p_failures spent before) and no cancel was asked. The one rule of every
+-- retry (after_run, and record_outcomes' late reports).
 CREATE OR REPLACE FUNCTION retries(
     p_cancel_requested boolean, p_failures integer, p_spent integer, p_max_attempts integer
 ) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
     SELECT NOT p_cancel_requested AND p_failures + p_spent < p_max_attempts
 $$;
+
+-- What the end of a run makes of its job, the one rule of retries (record_outcomes and
+-- queries.END_TIMED_OUT_ASSIGNMENTS), returning the columns its caller sets in this order. j: the
+-- job's row as the caller's UPDATE finds it (READ COMMITTED re-reads the newest version, so a
+-- cancel that committed first is seen). p_outcome 'succeeded' ends the job; 'failed' spends one
+-- of its max_attempts and, while attempts are left and no cancel was asked, makes it pending
+-- again (not started, not placed before now() plus retry_delay_s, its reason naming the attempt
+-- and p_why), else ends it failed; 'cancelled' (a run the leader stopped, its cancel asked)
+-- spends one and ends it. An ended job keeps p_started_at and p_finished_at, its run's.
+CREATE OR REPLACE FUNCTION after_run(
+    j jobs, p_outcome text, p_why text, p_started_at timestamptz, p_finished_at timestamptz,
+    OUT state text, OUT failures integer, OUT started_at timestamptz, OUT finished_at timestamptz,
+    OUT pending_seq bigint, OUT pending_xid bigint, OUT not_before timestamptz, OUT reason text
+) LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    failures := j.failures + CASE WHEN p_outcome = 'succeeded' THEN 0 ELSE 1 END;
+    IF p_outcome = 'failed' AND retries(j.cancel_requested, j.failures, 1, j.max_attempts) THEN
+        state := 'pending';
+        pending_seq := nextval('pending_seq');
+        pending_xid := pg_current_xact_id()::text::bigint;
+        not_before := now() + make_interval(secs => retry_delay_s(j.retry_backoff_ms, failures));
+        reason := 'retrying: attempt ' || failures || ' of ' || j.max_attempts || ' failed (' || p_why || ')';
+    ELSE
+        state := p_outcome;
+        started_at := p_started_at;
+        finished_at := p_finished_at;
+        pending_seq := j.pending_seq;
+        pending_xid := j.pending_xid;
+        not_before := j.not_before;
+        reason := '';
+    END IF;
+END $$;
 
 -- When a run a worker reported ran, by the database's clock: the worker measures how long the
 -- run lasted and how long before its report was sent the run ended, with its monotonic clock
@@ -624,34 +656,11 @@ BEGIN
     ),
     ended AS (
         UPDATE jobs j
-           SET state = CASE WHEN o.state = 'failed'
-                                 AND retries(j.cancel_requested, j.failures, 1, j.max_attempts)
-                            THEN 'pending'
-                            ELSE o.state END,
-               failures = j.failures + CASE WHEN o.state = 'failed' THEN 1 ELSE 0 END,
-               exit_code = o.exit_code,
-               started_at = timed.started_at,
-               finished_at = CASE WHEN o.state = 'failed'
-                                       AND retries(j.cancel_requested, j.failures, 1, j.max_attempts)
-                                  THEN NULL
-                                  ELSE timed.finished_at END,
-               stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail,
-               pending_seq = CASE WHEN o.state = 'failed'
-                                       AND retries(j.cancel_requested, j.failures, 1, j.max_attempts)
-                                  THEN nextval('pending_seq') ELSE j.pending_seq END,
-               pending_xid = CASE WHEN o.state = 'failed'
-                                       AND retries(j.cancel_requested, j.failures, 1, j.max_attempts)
-                                  THEN pg_current_xact_id()::text::bigint ELSE j.pending_xid END,
-               not_before = CASE WHEN o.state = 'failed'
-                                      AND retries(j.cancel_requested, j.failures, 1, j.max_attempts)
-                                 THEN now() + make_interval(
-                                          secs => retry_delay_s(j.retry_backoff_ms, j.failures + 1))
-                                 ELSE j.not_before END,
-               reason = CASE WHEN o.state = 'failed'
-                                  AND retries(j.cancel_requested, j.failures, 1, j.max_attempts)
-                             THEN 'retrying: attempt ' || (j.failures + 1) || ' of ' || j.max_attempts
-                                  || ' failed (' || left(o.detail, 200) || ')'
-                             ELSE '' END
+           SET (state, failures, started_at, finished_at, pending_seq, pending_xid, not_before, reason)
+                 = (SELECT * FROM after_run(j, o.state, left(o.detail, 200), timed.started_at,
+                                            timed.finished_at)),
+               exit_code = o.exit_code, stdout_path = o.stdout_path, stderr_path = o.stderr_path,
+               detail = o.detail
           FROM timed JOIN o ON o.assignment_id = timed.id
          WHERE timed.was_active AND j.id = timed.job_id AND j.state IN ('assigned', 'running')
     )

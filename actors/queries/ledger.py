@@ -235,28 +235,11 @@ WITH ended AS (
 ),
 jobs_ended AS (
     UPDATE jobs j
-       SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
-                        WHEN retries(false, j.failures, 1, j.max_attempts) THEN 'pending'
-                        ELSE 'failed' END,
-           failures = j.failures + 1,
-           finished_at = CASE WHEN retries(j.cancel_requested, j.failures, 1, j.max_attempts)
-                              THEN NULL ELSE now() END,
-           started_at = CASE WHEN retries(j.cancel_requested, j.failures, 1, j.max_attempts)
-                             THEN NULL ELSE j.started_at END,
-           pending_seq = CASE WHEN retries(j.cancel_requested, j.failures, 1, j.max_attempts)
-                              THEN nextval('pending_seq') ELSE j.pending_seq END,
-           pending_xid = CASE WHEN retries(j.cancel_requested, j.failures, 1, j.max_attempts)
-                              THEN pg_current_xact_id()::text::bigint ELSE j.pending_xid END,
-           not_before = CASE WHEN retries(j.cancel_requested, j.failures, 1, j.max_attempts)
-                             THEN now() + make_interval(
-                                      secs => retry_delay_s(j.retry_backoff_ms, j.failures + 1))
-                             ELSE j.not_before END,
+       SET (state, failures, started_at, finished_at, pending_seq, pending_xid, not_before, reason)
+             = (SELECT * FROM after_run(j, CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'failed' END,
+                                        'timeout', j.started_at, now())),
            detail = 'timeout: the leader stopped it, past its timeout_s of '
-                    || (j.timeout_ms / 1000.0)::float8 || ' s',
-           reason = CASE WHEN retries(j.cancel_requested, j.failures, 1, j.max_attempts)
-                         THEN 'retrying: attempt ' || (j.failures + 1) || ' of ' || j.max_attempts
-                              || ' failed (timeout)'
-                         ELSE '' END
+                    || (j.timeout_ms / 1000.0)::float8 || ' s'
       FROM ended e
      WHERE j.id = e.job_id AND j.state IN ('assigned', 'running')
 )

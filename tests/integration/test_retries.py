@@ -64,7 +64,8 @@ class Cluster:
 
     async def job(self, job_id: int) -> dict[str, Any]:
         row = await self.admin.fetchrow(
-            "SELECT state, failures, reason, detail, not_before > now() AS waits FROM jobs WHERE id = $1",
+            "SELECT state, failures, reason, detail, not_before > now() AS waits,"
+            " started_at IS NOT NULL AS started FROM jobs WHERE id = $1",
             job_id,
         )
         assert row is not None
@@ -98,13 +99,13 @@ def failed(assignment_id: int, job_id: int, detail: str = "exit code 3") -> pb.J
 
 async def test_a_failed_run_with_attempts_left_is_pending_again_after_its_backoff(cluster: Cluster) -> None:
     """A failed run spends an attempt (counted on its assignment); the job is pending again,
-    not before its retry delay (database time), with a reason naming the attempt."""
+    not started, not before its retry delay (database time), with a reason naming the attempt."""
     incarnation = await cluster.register()
     job_id = await cluster.submit(max_attempts=3, retry_backoff_s=600)
     aid = await cluster.place(job_id, "w-1", incarnation)
     await cluster.heartbeat("w-1", incarnation, failed(aid, job_id))
     job = await cluster.job(job_id)
-    assert job["state"] == "pending" and job["failures"] == 1
+    assert (job["state"], job["failures"], job["started"]) == ("pending", 1, False)
     assert job["reason"] == "retrying: attempt 1 of 3 failed (exit code 3)"
     assert await cluster.assignment(aid) == {
         "state": "finished",
@@ -119,8 +120,8 @@ async def test_a_failed_run_with_attempts_left_is_pending_again_after_its_backof
 
 
 async def test_the_last_attempt_failing_ends_the_job_failed(cluster: Cluster) -> None:
-    """Once max_attempts runs failed, the job ends failed with the last run's detail; a
-    timeout's detail makes the assignment's end reason ``timeout``."""
+    """Once max_attempts runs failed, the job ends failed with the last run's detail and start;
+    a timeout's detail makes the assignment's end reason ``timeout``."""
     incarnation = await cluster.register()
     job_id = await cluster.submit(max_attempts=2, retry_backoff_s=0)
     first = await cluster.place(job_id, "w-1", incarnation)
@@ -130,7 +131,7 @@ async def test_the_last_attempt_failing_ends_the_job_failed(cluster: Cluster) ->
         "w-1", incarnation, failed(second, job_id, "timeout: ran past its timeout_s of 1 s")
     )
     job = await cluster.job(job_id)
-    assert (job["state"], job["failures"], job["reason"]) == ("failed", 2, "")
+    assert (job["state"], job["failures"], job["reason"], job["started"]) == ("failed", 2, "", True)
     assert job["detail"].startswith("timeout:")
     assert (await cluster.assignment(second))["end_reason"] == "timeout"
 
@@ -192,7 +193,12 @@ async def test_the_leader_stops_a_run_past_its_timeout_and_retries_or_fails_it(c
     assert sorted(r["assignment_id"] for r in overdue) == [first, second]
     rows = await cluster.admin.fetch(queries.END_TIMED_OUT_ASSIGNMENTS, EPOCH, [first, second])
     assert sorted(r["id"] for r in rows) == [first, second]
-    assert (await cluster.job(retried))["state"] == "pending"
+    job = await cluster.job(retried)
+    assert (job["state"], job["started"], job["reason"]) == (
+        "pending",
+        False,
+        "retrying: attempt 1 of 2 failed (timeout)",
+    )
     job = await cluster.job(ended)
     assert (job["state"], job["failures"]) == ("failed", 1) and job["detail"].startswith("timeout:")
     assignment = await cluster.assignment(second)
