@@ -528,6 +528,58 @@ BEGIN
     END IF;
 END $$;
 
+-- What losing a run makes of its job, the one rule of the leader's requeues
+-- (queries.END_ORPHANED_ASSIGNMENTS, END_CANCELLED_ASSIGNMENTS), returning the columns its
+-- caller sets in this order. j: the job's row as the caller's UPDATE finds it. p_lost: a loss
+-- (counted in losses, waited out by a backoff), not a clean stop; p_counted: the loss spends
+-- an attempt (count_lost); p_why: the assignment's end reason. A job whose cancel was asked
+-- ends cancelled, keeping its last run's start and its reason (as requeue_unspent's); one whose
+-- counted loss spent its last attempt ends failed, its detail saying so; any other is pending
+-- again: at once with no reason, or after a loss not before a backoff of full_jitter_s counted by
+-- its losses (p_caps: the first entry its base, the last its cap; empty: none), its reason saying
+-- until when (UTC).
+CREATE OR REPLACE FUNCTION after_loss(
+    j jobs, p_why text, p_lost boolean, p_counted boolean, p_caps float8[],
+    OUT state text, OUT losses integer, OUT failures integer, OUT started_at timestamptz,
+    OUT finished_at timestamptz, OUT pending_seq bigint, OUT pending_xid bigint,
+    OUT not_before timestamptz, OUT reason text, OUT detail text
+) LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    losses := j.losses + CASE WHEN p_lost THEN 1 ELSE 0 END;
+    failures := j.failures + CASE WHEN p_counted THEN 1 ELSE 0 END;
+    started_at := j.started_at;
+    finished_at := now();
+    pending_seq := j.pending_seq;
+    pending_xid := j.pending_xid;
+    not_before := j.not_before;
+    reason := j.reason;
+    detail := j.detail;
+    IF j.cancel_requested THEN
+        state := 'cancelled';
+    ELSIF p_counted AND failures >= j.max_attempts THEN
+        state := 'failed';
+        reason := '';
+        detail := p_why || ': the run was lost with its worker, the last of ' || j.max_attempts
+                  || ' attempts (count_lost)';
+    ELSE
+        state := 'pending';
+        started_at := NULL;
+        finished_at := NULL;
+        pending_seq := nextval('pending_seq');
+        pending_xid := pg_current_xact_id()::text::bigint;
+        not_before := NULL;
+        reason := '';
+        IF p_lost THEN
+            not_before := now() + make_interval(
+                secs => full_jitter_s(p_caps[1], p_caps[cardinality(p_caps)], j.losses));
+        END IF;
+        IF not_before IS NOT NULL THEN
+            reason := 'backoff: placed again after '
+                      || to_char(not_before AT TIME ZONE 'UTC', 'HH24:MI:SS.MS') || ' UTC';
+        END IF;
+    END IF;
+END $$;
+
 -- When a run a worker reported ran, by the database's clock: the worker measures how long the
 -- run lasted and how long before its report was sent the run ended, with its monotonic clock
 -- (protocol: JobOutcome.run_ms, ended_ago_ms), never its wall clock, which may be off by any
@@ -550,8 +602,8 @@ $$;
 -- The jobs of assignments that ended with no attempt spent (not started, released by a
 -- restarted agent, drained: queries.RELEASE_UNHELD_ASSIGNMENTS, END_DRAINED_ASSIGNMENTS,
 -- record_outcomes), called in the transaction that ends them: each still assigned or running
--- is pending again at once (no loss counted, no backoff; not started, no reason), or cancelled
--- if its cancel was asked (its last run's start kept). Returns the ids changed.
+-- goes as after a clean stop (after_loss: pending again at once, or cancelled if its cancel was
+-- asked). Returns the ids changed.
 CREATE OR REPLACE FUNCTION requeue_unspent(p_job_ids bigint[]) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
     requeued bigint[];
@@ -563,13 +615,8 @@ BEGIN
     END IF;
     WITH r AS (
         UPDATE jobs j
-           SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
-               finished_at = CASE WHEN j.cancel_requested THEN now() END,
-               started_at = CASE WHEN j.cancel_requested THEN j.started_at END,
-               pending_seq = CASE WHEN j.cancel_requested THEN j.pending_seq ELSE nextval('pending_seq') END,
-               pending_xid = CASE WHEN j.cancel_requested THEN j.pending_xid
-                                  ELSE pg_current_xact_id()::text::bigint END,
-               reason = CASE WHEN j.cancel_requested THEN j.reason ELSE '' END
+           SET (state, losses, failures, started_at, finished_at, pending_seq, pending_xid, not_before,
+                reason, detail) = (SELECT * FROM after_loss(j, '', false, false, '{}'))
          WHERE j.id = ANY(p_job_ids) AND j.state IN ('assigned', 'running')
      RETURNING j.id
     )

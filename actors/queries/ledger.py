@@ -133,11 +133,9 @@ SELECT id FROM dead
 
 # Requeues: a job pending again gets a new pending_seq and this transaction's id in pending_xid
 # (actors/placer_store.py, PendingMark). After a loss it also waits a backoff (jobs.not_before,
-# by database time, so a new leader honours it; its reason says until when, UTC): full_jitter_s
-# (schema.sql) counted by its losses, with the caps parameter's first entry as base and last as
-# cap (actors.reconciler.backoff_caps_s; empty: no backoff); none after a clean stop (``clean``).
-# The requeue reads the ``backoff`` CTE alone: joining it with ``ended`` as well was a nested loop
-# that took 560 of 598 ms when 2,000 assignments ended at once.
+# by database time, so a new leader honours it; its reason says until when, UTC), with the caps
+# parameter's first entry as base and last as cap (actors.reconciler.backoff_caps_s; empty: no
+# backoff); none after a clean stop. The rule is schema.sql's after_loss.
 
 # $1 epoch, $2 requeue backoff caps (seconds; see Requeues above), $3 most assignments to
 # end. Ends active assignments whose worker is dead, has left or has registered again, the $3
@@ -172,44 +170,16 @@ ended AS (
                      AND (SELECT count_lost FROM jobs WHERE jobs.id = a.job_id)
       FROM orphaned o
      WHERE a.id = o.id AND a.state = 'active'
- RETURNING a.id, a.job_id, a.worker_id, a.end_reason
-),
-backoff AS (
-    SELECT j.id, ended.end_reason = 'worker_left' AS clean, ended.end_reason,
-           CASE WHEN ended.end_reason <> 'worker_left'
-                THEN now() + make_interval(
-                    secs => full_jitter_s(c.caps[1], c.caps[cardinality(c.caps)], j.losses))
-           END AS not_before
-      FROM jobs j JOIN ended ON j.id = ended.job_id, (SELECT $2::float8[] AS caps) c
+ RETURNING a.id, a.job_id, a.worker_id, a.end_reason, a.counted
 ),
 requeued AS (
-    -- count_lost, not a clean stop and failures + 1 >= max_attempts: the loss spent the last attempt
     UPDATE jobs j
-       SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
-                        WHEN (j.count_lost AND NOT b.clean AND j.failures + 1 >= j.max_attempts) THEN 'failed'
-                        ELSE 'pending' END,
-           finished_at = CASE WHEN j.cancel_requested
-                                   OR (j.count_lost AND NOT b.clean AND j.failures + 1 >= j.max_attempts)
-                              THEN now() ELSE NULL END,
-           started_at = NULL,
-           pending_seq = CASE WHEN j.cancel_requested THEN j.pending_seq ELSE nextval('pending_seq') END,
-           pending_xid = CASE WHEN j.cancel_requested THEN j.pending_xid
-                              ELSE pg_current_xact_id()::text::bigint END,
-           losses = CASE WHEN b.clean THEN j.losses ELSE j.losses + 1 END,
-           failures = CASE WHEN j.count_lost AND NOT b.clean THEN j.failures + 1 ELSE j.failures END,
-           detail = CASE WHEN NOT j.cancel_requested
-                              AND (j.count_lost AND NOT b.clean AND j.failures + 1 >= j.max_attempts)
-                         THEN b.end_reason || ': the run was lost with its worker, the last of '
-                              || j.max_attempts || ' attempts (count_lost)'
-                         ELSE j.detail END,
-           not_before = CASE WHEN j.cancel_requested THEN j.not_before ELSE b.not_before END,
-           reason = CASE WHEN j.cancel_requested
-                              OR (j.count_lost AND NOT b.clean AND j.failures + 1 >= j.max_attempts) THEN ''
-                         WHEN b.not_before IS NULL THEN j.reason
-                         ELSE 'backoff: placed again after '
-                              || to_char(b.not_before AT TIME ZONE 'UTC', 'HH24:MI:SS.MS') || ' UTC' END
-      FROM backoff b
-     WHERE j.id = b.id AND j.state IN ('assigned', 'running')
+       SET (state, losses, failures, started_at, finished_at, pending_seq, pending_xid, not_before, reason,
+            detail)
+             = (SELECT * FROM after_loss(j, e.end_reason, e.end_reason <> 'worker_left', e.counted,
+                                         $2::float8[]))
+      FROM ended e
+     WHERE j.id = e.job_id AND j.state IN ('assigned', 'running')
  RETURNING j.id, j.state
 )
 SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM ended) AS ended_ids,
@@ -256,29 +226,13 @@ WITH ended AS (
      WHERE id = ANY($2::bigint[]) AND state = 'active'
  RETURNING id, job_id, end_reason
 ),
-backoff AS (
-    SELECT j.id,
-           now() + make_interval(secs => full_jitter_s(c.caps[1], c.caps[cardinality(c.caps)], j.losses))
-               AS not_before
-      FROM jobs j JOIN ended ON j.id = ended.job_id, (SELECT $5::float8[] AS caps) c
-),
 jobs_ended AS (
     UPDATE jobs j
-       SET state = CASE WHEN $4 AND NOT j.cancel_requested THEN 'pending' ELSE 'cancelled' END,
-           finished_at = CASE WHEN $4 AND NOT j.cancel_requested THEN NULL ELSE now() END,
-           started_at = CASE WHEN $4 AND NOT j.cancel_requested THEN NULL ELSE j.started_at END,
-           pending_seq = CASE WHEN $4 AND NOT j.cancel_requested THEN nextval('pending_seq')
-                              ELSE j.pending_seq END,
-           pending_xid = CASE WHEN $4 AND NOT j.cancel_requested THEN pg_current_xact_id()::text::bigint
-                              ELSE j.pending_xid END,
-           losses = CASE WHEN $4 THEN j.losses + 1 ELSE j.losses END,
-           not_before = CASE WHEN $4 AND NOT j.cancel_requested THEN b.not_before ELSE j.not_before END,
-           reason = CASE WHEN $4 AND NOT j.cancel_requested AND b.not_before IS NOT NULL
-                         THEN 'backoff: placed again after '
-                              || to_char(b.not_before AT TIME ZONE 'UTC', 'HH24:MI:SS.MS') || ' UTC'
-                         ELSE j.reason END
-      FROM backoff b
-     WHERE j.id = b.id AND j.state IN ('assigned', 'running')
+       SET (state, losses, failures, started_at, finished_at, pending_seq, pending_xid, not_before, reason,
+            detail)
+             = (SELECT * FROM after_loss(j, e.end_reason, $4, false, $5::float8[]))
+      FROM ended e
+     WHERE j.id = e.job_id AND j.state IN ('assigned', 'running')
 )
 SELECT id FROM ended
 """

@@ -460,16 +460,28 @@ async def test_a_not_started_report_ends_the_assignment_and_places_the_job_again
     assert (await cluster.job(job_id))["state"] == "assigned"
 
 
-async def test_every_end_without_an_attempt_spent_leaves_its_job_alike(cluster: Cluster) -> None:
-    """A not_started report, a restarted agent's release and a drain's end leave a running job
-    the same way (schema.sql, requeue_unspent): pending with no start and no reason, or, when
-    its cancel was asked, cancelled with its run's start and its reason kept."""
-    incarnation = await cluster.register("w-1")
+UNSPENT = ("not_started", "released", "drained", "worker_left")
+"""Ends of a running job's assignment that spend no attempt and count no loss."""
+LOST = ("worker_dead", "withdrawn")
+"""Ends that count a loss (the orphan sweep of a dead worker; an unconfirmed assignment withdrawn)."""
+
+
+async def test_every_end_of_an_assignment_leaves_its_job_by_one_rule(cluster: Cluster) -> None:
+    """However a running job's assignment ends without an outcome, its job goes by one rule
+    (schema.sql, after_loss): when its cancel was asked, cancelled with its run's start and its
+    reason kept (the user's acknowledged cancel as well); else pending with no start, at once
+    with no reason after an end that spent nothing, after a backoff that its reason names after
+    a loss."""
+    caps = [60.0]
     found: dict[tuple[str, bool], dict[str, object]] = {}
-    for how in ("not_started", "released", "drained"):
+    for how in (*UNSPENT, *LOST, "cancel_acknowledged"):
         for cancel in (False, True):
+            if how == "cancel_acknowledged" and not cancel:
+                continue
+            worker_id = f"w-{how}-{cancel}"
+            incarnation = await cluster.register(worker_id)
             job_id = await cluster.submit()
-            aid = await cluster.place(job_id, "w-1", incarnation)
+            aid = await cluster.place(job_id, worker_id, incarnation)
             assert aid is not None
             await cluster.admin.execute(
                 "UPDATE jobs SET state = 'running', started_at = now(), reason = 'r',"
@@ -478,22 +490,41 @@ async def test_every_end_without_an_attempt_spent_leaves_its_job_alike(cluster: 
                 cancel,
             )
             if how == "not_started":
-                await cluster.heartbeat("w-1", incarnation, outcome(aid, job_id, "not_started", None, "x"))
+                await cluster.heartbeat(
+                    worker_id, incarnation, outcome(aid, job_id, "not_started", None, "x")
+                )
             elif how == "released":
-                await cluster.admin.fetchval(queries.RELEASE_UNHELD_ASSIGNMENTS, "w-1", incarnation, [])
-            else:
+                await cluster.admin.fetchval(queries.RELEASE_UNHELD_ASSIGNMENTS, worker_id, incarnation, [])
+            elif how == "drained":
                 await cluster.admin.fetch(queries.END_DRAINED_ASSIGNMENTS, EPOCH, [aid])
+            elif how in ("worker_left", "worker_dead"):
+                state = "left" if how == "worker_left" else "dead"
+                await cluster.admin.execute("UPDATE workers SET state = $2 WHERE id = $1", worker_id, state)
+                await cluster.admin.fetchrow(queries.END_ORPHANED_ASSIGNMENTS, EPOCH, caps, 500)
+            else:
+                requeue = how == "withdrawn"
+                await cluster.admin.fetch(
+                    queries.END_CANCELLED_ASSIGNMENTS, EPOCH, [aid], how, requeue, caps if requeue else []
+                )
             row = await cluster.admin.fetchrow(
-                "SELECT state, started_at IS NOT NULL AS started, reason FROM jobs WHERE id = $1", job_id
+                "SELECT state, started_at IS NOT NULL AS started, losses,"
+                " CASE WHEN reason LIKE 'backoff: placed again after %' THEN 'backoff' ELSE reason END"
+                " AS reason FROM jobs WHERE id = $1",
+                job_id,
             )
             assert row is not None
             found[how, cancel] = dict(row)
+    lost = {how: int(how in LOST) for how in (*UNSPENT, *LOST, "cancel_acknowledged")}
     assert found == {
-        (how, cancel): {"state": "cancelled", "started": True, "reason": "r"}
+        (how, cancel): {"state": "cancelled", "started": True, "reason": "r", "losses": lost[how]}
         if cancel
-        else {"state": "pending", "started": False, "reason": ""}
-        for how in ("not_started", "released", "drained")
-        for cancel in (False, True)
+        else {
+            "state": "pending",
+            "started": False,
+            "reason": "backoff" if lost[how] else "",
+            "losses": lost[how],
+        }
+        for how, cancel in found
     }
 
 

@@ -1,4 +1,0 @@
--- Version 4: one rule, after_run, for what a run's end makes of its job, where a reported
--- failure and the leader's timeout each wrote it out and differed: a job pending again for a
--- retry now has no start (its next run's start is recorded when it runs), as after any other
--- requeue. Routines only: schema.sql's, applied with this migration.

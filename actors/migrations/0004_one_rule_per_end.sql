@@ -1,0 +1,6 @@
+-- Version 4: one rule each for what the end of a run makes of its job (after_run: a reported
+-- failure, the leader's timeout) and what its loss does (after_loss: the orphan sweep, a
+-- withdrawal, requeue_unspent), where each caller wrote the rule out and they differed: a job
+-- pending again for a retry has no start (its next run's is recorded when it runs); a cancelled
+-- job keeps its last run's start and reason, and a job failed by a counted loss its start,
+-- however its run ended. Routines only: schema.sql's, applied with this migration.
