@@ -421,11 +421,35 @@ def container_worker(container_session: str, request: pytest.FixtureRequest) -> 
         container_images.remove_containers(worker_id)
 
 
+KEPT_SESSION_FOLDERS = 3
+"""Folders of ended sessions kept for a look after the run (the newest), as pytest keeps its own."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """The edit loop's Hypothesis profile (``just test-fast``: :mod:`properties`), also for the
-    property tests that keep Hypothesis' default number of examples."""
+    """The session's temporary folder (unless ``--basetemp`` names one) and the edit loop's
+    Hypothesis profile (``just test-fast``: :mod:`properties`), also for the property tests
+    that keep Hypothesis' default number of examples.
+
+    The folder is ``stockade-pytest-<pid>-*`` in the system's temporary folder rather than
+    under pytest's ``pytest-of-<user>``, which every pytest session that starts makes 0700
+    again: the PostgreSQL and job users of a running session's tests (who pass through its
+    folders by their search bits) would lose their data beside a ``just test-fast``. Folders of
+    ended sessions but the newest :data:`KEPT_SESSION_FOLDERS` are removed."""
     import properties
     from hypothesis import settings
+
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        temp = Path(tempfile.gettempdir())
+        ended = [
+            folder
+            for folder in temp.glob("stockade-pytest-*-*")
+            if folder.is_dir()
+            and folder.name.split("-")[2].isdigit()
+            and not _alive(int(folder.name.split("-")[2]))
+        ]
+        for folder in sorted(ended, key=lambda f: f.stat().st_mtime)[:-KEPT_SESSION_FOLDERS]:
+            shutil.rmtree(folder, ignore_errors=True)
+        config.option.basetemp = tempfile.mkdtemp(prefix=f"stockade-pytest-{os.getpid()}-")
 
     settings.register_profile("fast", max_examples=properties.FAST_EXAMPLES)
     if properties.fast():
