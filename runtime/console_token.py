@@ -124,7 +124,9 @@ def _identity_of(cert: x509.Certificate) -> Identity:
     if identity is None:
         raise TokenRefused("the token's certificate names no Stockade identity")
     if identity.role not in CONSOLE_ROLES:
-        raise TokenRefused(f"the token's certificate is {identity}: the console admits operators, viewers and users")
+        raise TokenRefused(
+            f"the token's certificate is {identity}: the console admits operators, viewers and users"
+        )
     return identity
 
 
