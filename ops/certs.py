@@ -22,12 +22,12 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from runtime.errors import InvalidArgument, StockadeError
 from runtime.identifiers import check_id, is_host_name
 from runtime.tls import (
+    ACCOUNT_SEGMENT,
     TRUST_DOMAIN,
     URI_PREFIX,
     Identity,
     check_key_private,
     fleet_identity,
-    parse_identity_uri,
 )
 
 SERVER_ROLES = ("control-plane", "worker", "database")
@@ -404,20 +404,22 @@ def identity_of(cert: x509.Certificate) -> Identity:
             f"{len(uris)}: {', '.join(uris) or 'none'}"
         )
     role, _, rest = uris[0].removeprefix(URI_PREFIX).partition("/")
-    id = rest.partition("/")[0]
+    id, _, scope = rest.partition("/")
+    segment, _, account = scope.partition("/")
     try:
         check_role(role)
         check_id(id, field="id")
-        named = parse_identity_uri(uris[0])
-        if named is None:
+        if scope and (segment != ACCOUNT_SEGMENT or "/" in account):
             raise InvalidArgument(
-                "uri", uris[0], f"must be {URI_PREFIX}<role>/<id>, or a viewer's .../account/<account>"
+                "uri",
+                uris[0],
+                f"must be {URI_PREFIX}<role>/<id>, or a viewer's .../{ACCOUNT_SEGMENT}/<account>",
             )
-        if named.account is not None:
-            check_account(role, named.account)
+        if scope:
+            check_account(role, account)
     except InvalidArgument as exc:
         raise NotAStockadeCertificate(f"{uris[0]}: {exc}") from exc
-    return named
+    return Identity(role=role, id=id, account=account if scope else None)
 
 
 _SHOWN_TIME = "%Y-%m-%d %H:%M"
