@@ -157,7 +157,9 @@ def visible_account(rpc: str, requested: str) -> str | None:
     if scope is None:
         return requested or None
     if requested and requested != scope:
-        raise refuse(rpc, "account", f"{caller} may read only account {scope!r}, not {requested!r}", caller)
+        raise refuse(
+            rpc, "account", f"{rpc}: {caller} may read only account {scope!r}, not {requested!r}", caller
+        )
     return scope
 
 
