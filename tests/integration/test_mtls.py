@@ -390,7 +390,7 @@ async def test_a_viewer_may_read_but_not_submit(database_url: str, certs: Path) 
         with pytest.raises(NotFound, match="job_id 5 not found"):
             await call_cp(address, viewer, "get_job_events", pb.GetJobEventsRequest(job_id=5))
         assert await fetch(database_url, COUNT_JOBS) == [0]
-    assert "submit_job needs operator; the caller is viewer/viewer at 127.0.0.1:" in str(raised.value)
+    assert "submit_job needs operator or user; the caller is viewer/viewer at 127.0.0.1:" in str(raised.value)
     assert [cp.id for cp in status.control_planes] == ["cp-1"]
     assert list(listed.jobs) == []
 
