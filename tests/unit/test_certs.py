@@ -394,7 +394,8 @@ def test_cli_issues_a_viewer_scoped_to_an_account(cluster: CertDir) -> None:
         ),
         (
             ["--role", "user", "--id", "al ice"],
-            "error: id must be 1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or digit, got 'al ice'",
+            "error: id must be 1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or digit, "
+            "got 'al ice'",
         ),
         (
             ["--role", "viewer", "--id", "v-9", "--account", "-alice"],
