@@ -71,6 +71,8 @@ class JobHandlers(AdmittedService):
         """
 
         args = (*args, *audit_params(arguments or {}))
+        scope = rpc_caller().scope
+        digest = idempotency.scoped_digest(digest, scope)
 
         async def promise(conn: PgConnection) -> Any:
             await conn.fetchval(queries.LOCK_WORKER, lock_worker)
@@ -101,7 +103,9 @@ class JobHandlers(AdmittedService):
         if row["replayed"]:
             if row["rpc"] != rpc or bytes(row["request_sha256"]) != digest:
                 raise IdempotencyConflict(
-                    idempotency.conflict_message(key=key, rpc=rpc, first_rpc=row["rpc"], answer=answer)
+                    idempotency.conflict_message(
+                        key=key, rpc=rpc, first_rpc=row["rpc"], answer=answer, shown=scope is None
+                    )
                 )
             metrics.INGEST_REPLAYED_REQUESTS.labels(rpc).inc()
             return Once(answer=answer, replayed=True)

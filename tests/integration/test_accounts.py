@@ -18,7 +18,7 @@ from serving import serve_ingests
 from ops import certs as certs_module
 from protocol import pb
 from runtime.aio import GrpcChannel, PgConnection, StreamLimits, asyncio_bridge, asyncio_bridge_open
-from runtime.errors import NotFound, PermissionDenied
+from runtime.errors import IdempotencyConflict, NotFound, PermissionDenied
 from runtime.idempotency_keys import with_idempotency_key
 from runtime.settings.control_plane import IngestSettings
 from runtime.tls import ClientTls, TlsFiles, server_context
@@ -128,6 +128,22 @@ async def test_a_user_cannot_see_read_the_logs_of_or_cancel_another_accounts_job
         assert (info.owner, info.state) == ("bob", "pending")
     assert await fetch(database_url, "SELECT state FROM jobs WHERE id = $1", bobs) == [("pending",)]
     assert [row[4] for row in await fetch(database_url, AUDIT_ROWS)] == ["submit", "submit"]
+
+
+async def test_another_accounts_idempotency_key_is_a_conflict_not_a_replay(
+    database_url: str, certs: Path
+) -> None:
+    """bob sending alice's submission again, key and all, is refused as a conflict that does not
+    name her job; nothing is stored for bob and alice's copy is still replayed."""
+    async with control_plane(database_url, certs) as address:
+        request = sleep_job()
+        alices = await submit(address, certs, "alice", request)
+        with pytest.raises(IdempotencyConflict) as refused:
+            await submit(address, certs, "bob", request)
+        assert str(alices) not in str(refused.value).split("was first used", 1)[1]
+        assert await submit(address, certs, "alice", request) == alices
+    assert await fetch(database_url, "SELECT id, owner FROM jobs") == [(alices, "alice")]
+    assert [r[1] for r in await fetch(database_url, AUDIT_ROWS)] == ["alice"]
 
 
 async def test_a_user_cancels_its_own_array(database_url: str, certs: Path) -> None:
