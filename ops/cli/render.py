@@ -389,27 +389,30 @@ def audit_json(entries: Sequence[AuditEntry]) -> dict[str, Any]:
 
 
 def print_audit(entries: Sequence[AuditEntry]) -> None:
-    """``stockade audit``'s table, one change a row, newest first, and how many there are."""
+    """``stockade audit``'s table, one change a row, newest first, and how many there are; the
+    account a caller acted as is shown only where it is not its id (today it always is)."""
     import json
 
     from ops.cli.common import console
 
     table = Table(box=rich.box.SIMPLE_HEAD, padding=(0, 1))
-    for name in ("id", "at", "who", "account", "from", "action", "targets", "arguments"):
-        table.add_column(
-            name, no_wrap=name not in ("targets", "arguments"), justify="right" if name == "id" else "left"
-        )
+    table.add_column("id", justify="right", no_wrap=True)
+    table.add_column("at", no_wrap=True)
+    table.add_column("who", no_wrap=True, max_width=24)
+    table.add_column("from", no_wrap=True)
+    table.add_column("action", no_wrap=True)
+    table.add_column("targets", overflow="fold", max_width=24)
+    table.add_column("arguments", overflow="fold", ratio=1)
     for e in entries:
         targets = ", ".join(str(t) for t in e.target_ids[:10]) + (" ..." if len(e.target_ids) > 10 else "")
         table.add_row(
             str(e.id),
             local_time(e.at_unix_s),
-            Text(f"{e.role}/{e.actor_id}"),
-            Text(e.account),
+            Text(f"{e.role}/{e.actor_id}" + ("" if e.account == e.actor_id else f" as {e.account}")),
             Text(e.address),
             e.action,
             Text(targets or "-"),
-            Text(json.dumps(e.arguments, sort_keys=True) if e.arguments else "-"),
+            Text(" ".join(f"{k}={json.dumps(v)}" for k, v in sorted(e.arguments.items())) or "-"),
         )
     console().print(table)
     console().print(f"{len(entries)} row{'' if len(entries) == 1 else 's'}")
