@@ -19,7 +19,7 @@ from protocol.wire import Encoded
 from runtime import faults, log, metrics
 from runtime.aio import PgConnection, audit_params, rpc_caller, takes_encoded_request, visible_account
 from runtime.errors import Busy, DatabaseBusy, DuplicateKey, IdempotencyConflict, InvalidArgument, NotFound
-from runtime.tls import OPERATOR
+from runtime.tls import OPERATOR, USER
 from runtime.validation import check_idempotency_key, check_job_id, check_jobs_steps, check_list
 from runtime.wire_jobs import job_spec_from_pb
 
@@ -305,9 +305,9 @@ class JobHandlers(AdmittedService):
         return pb.CancelJobReply(state=state, tasks=tasks)
 
 
-ENV_VALUE_READERS = (OPERATOR,)
+ENV_VALUE_READERS = (OPERATOR, USER)
 """Who reads the values of a job's environment in GetJob, ListJobs and Status replies: operators,
-who may set them. Every other reader gets each value as :data:`runtime.jobs.HIDDEN_ENV_VALUE`
+who may set them, and users, who set them and read only their own jobs. Every other reader gets each value as :data:`runtime.jobs.HIDDEN_ENV_VALUE`
 (they may be secrets); on a plaintext server (``--insecure``) everyone reads them."""
 
 

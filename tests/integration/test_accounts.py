@@ -146,6 +146,20 @@ async def test_another_accounts_idempotency_key_is_a_conflict_not_a_replay(
     assert [r[1] for r in await fetch(database_url, AUDIT_ROWS)] == ["alice"]
 
 
+async def test_a_user_reads_its_own_jobs_environment_values_and_a_viewer_does_not(
+    database_url: str, certs: Path
+) -> None:
+    """alice, who set them, reads her job's environment values; v-alice reads only the names."""
+    spec = pb.JobSpec(name="env", cpu_millis=100, memory_mb=16, command=pb.CommandRuntime(argv=["true"]))
+    spec.env = {"TOKEN": "s3cret"}
+    async with control_plane(database_url, certs) as address:
+        job_id = await submit(address, certs, "alice", with_idempotency_key(pb.SubmitJobRequest(spec=spec)))
+        own = await call(address, certs, "alice", "get_job", pb.GetJobRequest(job_id=job_id))
+        viewed = await call(address, certs, "v-alice", "get_job", pb.GetJobRequest(job_id=job_id))
+    assert dict(own.spec.env) == {"TOKEN": "s3cret"}
+    assert dict(viewed.spec.env) == {"TOKEN": "<hidden>"}
+
+
 async def test_a_user_cancels_its_own_array(database_url: str, certs: Path) -> None:
     """alice's cancel of her own array cancels every task of it, and its audit row names the array."""
     async with control_plane(database_url, certs) as address:

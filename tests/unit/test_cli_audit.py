@@ -86,7 +86,7 @@ def test_audit_table_names_who_what_and_from_where(calls: list[tuple[str, Any]])
     result = run("audit")
     assert result.exit_code == 0, result.output
     row = next(line for line in result.output.splitlines() if line.strip().startswith("12 "))
-    for shown in ("user/alice", "alice", "127.0.0.1:50312", "cancel", "41", 'only_this_task=false'):
+    for shown in ("user/alice", "alice", "127.0.0.1:50312", "cancel", "41", "only_this_task=false"):
         assert shown in row
     assert "operator/operator" in result.output and "w-2" in result.output
     assert result.output.rstrip().endswith("2 rows")
