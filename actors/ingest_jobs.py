@@ -307,8 +307,9 @@ class JobHandlers(AdmittedService):
 
 ENV_VALUE_READERS = (OPERATOR, USER)
 """Who reads the values of a job's environment in GetJob, ListJobs and Status replies: operators,
-who may set them, and users, who set them and read only their own jobs. Every other reader gets each value as :data:`runtime.jobs.HIDDEN_ENV_VALUE`
-(they may be secrets); on a plaintext server (``--insecure``) everyone reads them."""
+who may set them, and users, who set them and read only their own jobs. Every other reader gets
+each value as :data:`runtime.jobs.HIDDEN_ENV_VALUE` (they may be secrets); on a plaintext server
+(``--insecure``) everyone reads them."""
 
 
 def reads_env_values() -> bool:
