@@ -402,7 +402,7 @@ def print_audit(entries: Sequence[AuditEntry]) -> None:
     table.add_column("from", no_wrap=True)
     table.add_column("action", no_wrap=True)
     table.add_column("targets", overflow="fold", max_width=24)
-    table.add_column("arguments", overflow="fold", ratio=1)
+    table.add_column("arguments", overflow="fold")
     for e in entries:
         targets = ", ".join(str(t) for t in e.target_ids[:10]) + (" ..." if len(e.target_ids) > 10 else "")
         table.add_row(
