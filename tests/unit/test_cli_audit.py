@@ -54,6 +54,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
 
     monkeypatch.setattr(ControlPlaneClient, "_attempt", replica)
     monkeypatch.setenv(INSECURE_ENV, "1")  # the scripted replica needs no certificate
+    monkeypatch.setenv("COLUMNS", "120")  # wide enough for a row on one line
     return made
 
 
