@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from serving import serve_ingests
+from serving import mtls_control_plane, serve_ingests
 
 from ops import certs as certs_module
 from protocol import pb
@@ -21,7 +19,7 @@ from runtime.aio import GrpcChannel, PgConnection, StreamLimits, asyncio_bridge,
 from runtime.errors import IdempotencyConflict, NotFound, PermissionDenied
 from runtime.idempotency_keys import with_idempotency_key
 from runtime.settings.control_plane import IngestSettings
-from runtime.tls import ClientTls, TlsFiles, server_context
+from runtime.tls import ClientTls, TlsFiles
 
 CALL_TIMEOUT_S = 10.0
 AUDIT_ROWS = """
@@ -39,15 +37,6 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     certs_module.issue(folder, role="user", id="bob")
     certs_module.issue(folder, role="viewer", id="v-alice", account="alice")
     return folder
-
-
-@asynccontextmanager
-async def control_plane(database_url: str, certs: Path) -> AsyncIterator[str]:
-    """An ingest serving mutual TLS with cp-1's certificate; yields its address."""
-    settings = IngestSettings(pool_size=2, liveness_reserved_connections=1)
-    tls = server_context(TlsFiles.in_dir(certs, "cp-1"))
-    async with serve_ingests(database_url, "cp-1", settings=settings, tls=tls) as (ingest,):
-        yield ingest.address
 
 
 async def call(address: str, certs: Path, id: str, rpc: str, request: Any) -> Any:
@@ -102,7 +91,7 @@ async def test_a_user_cannot_see_read_the_logs_of_or_cancel_another_accounts_job
 ) -> None:
     """bob's job is NotFound to alice for get, events, logs and cancel, absent from her list, and
     still pending after her cancel, which wrote no audit row; bob sees it, owned by bob."""
-    async with control_plane(database_url, certs) as address:
+    async with mtls_control_plane(database_url, certs) as address:
         bobs = await submit(address, certs, "bob")
         alices = await submit(address, certs, "alice")
         for rpc, request in [
@@ -135,7 +124,7 @@ async def test_another_accounts_idempotency_key_is_a_conflict_not_a_replay(
 ) -> None:
     """bob sending alice's submission again, key and all, is refused as a conflict that does not
     name her job; nothing is stored for bob and alice's copy is still replayed."""
-    async with control_plane(database_url, certs) as address:
+    async with mtls_control_plane(database_url, certs) as address:
         request = sleep_job()
         alices = await submit(address, certs, "alice", request)
         with pytest.raises(IdempotencyConflict) as refused:
@@ -152,7 +141,7 @@ async def test_a_user_reads_its_own_jobs_environment_values_and_a_viewer_does_no
     """alice, who set them, reads her job's environment values; v-alice reads only the names."""
     spec = pb.JobSpec(name="env", cpu_millis=100, memory_mb=16, command=pb.CommandRuntime(argv=["true"]))
     spec.env = {"TOKEN": "s3cret"}
-    async with control_plane(database_url, certs) as address:
+    async with mtls_control_plane(database_url, certs) as address:
         job_id = await submit(address, certs, "alice", with_idempotency_key(pb.SubmitJobRequest(spec=spec)))
         own = await call(address, certs, "alice", "get_job", pb.GetJobRequest(job_id=job_id))
         viewed = await call(address, certs, "v-alice", "get_job", pb.GetJobRequest(job_id=job_id))
@@ -162,7 +151,7 @@ async def test_a_user_reads_its_own_jobs_environment_values_and_a_viewer_does_no
 
 async def test_a_user_cancels_its_own_array(database_url: str, certs: Path) -> None:
     """alice's cancel of her own array cancels every task of it, and its audit row names the array."""
-    async with control_plane(database_url, certs) as address:
+    async with mtls_control_plane(database_url, certs) as address:
         array_id = await submit(
             address, certs, "alice", sleep_job("tasks", pb.JobArray(first_index=0, last_index=2))
         )
@@ -180,7 +169,7 @@ async def test_users_and_viewers_may_not_cordon_drain_or_uncordon(
     """Each is PermissionDenied naming the caller's role and the RPC; the worker stays as it was
     and no audit row is written."""
     role = "user" if id == "alice" else "viewer"
-    async with control_plane(database_url, certs) as address:
+    async with mtls_control_plane(database_url, certs) as address:
         await register_w1(address, certs)
         for rpc, request in [
             ("cordon_worker", pb.CordonWorkerRequest(worker_id="w-1")),
@@ -198,7 +187,7 @@ async def test_users_and_viewers_may_not_cordon_drain_or_uncordon(
 async def test_an_operator_cordons_and_the_audit_names_it(database_url: str, certs: Path) -> None:
     """An operator's cordon and drain take effect; their rows name operator/operator, the action,
     the worker, the drain's deadline and the address gRPC saw."""
-    async with control_plane(database_url, certs) as address:
+    async with mtls_control_plane(database_url, certs) as address:
         await register_w1(address, certs)
         await call(
             address,
@@ -224,7 +213,7 @@ async def test_the_audit_rows_of_a_submit_and_a_cancel_name_the_caller_and_the_a
     """alice's submit and cancel write one row each, in the database's time, naming user/alice,
     her account, the job and the address; a replayed copy of the cancel writes none; ListAudit
     shows them newest first."""
-    async with control_plane(database_url, certs) as address:
+    async with mtls_control_plane(database_url, certs) as address:
         job_id = await submit(address, certs, "alice")
         request = cancel(job_id)
         await call(address, certs, "alice", "cancel_job", request)
@@ -247,7 +236,7 @@ async def test_the_audit_rows_of_a_submit_and_a_cancel_name_the_caller_and_the_a
 async def test_a_refused_call_stores_nothing_and_writes_no_audit_row(database_url: str, certs: Path) -> None:
     """A viewer's submit and a user's cancel of another account's job change nothing and leave
     the audit trail empty."""
-    async with control_plane(database_url, certs) as address:
+    async with mtls_control_plane(database_url, certs) as address:
         with pytest.raises(
             PermissionDenied, match="submit_job needs operator or user; the caller is viewer/viewer"
         ):
@@ -263,7 +252,7 @@ async def test_a_refused_call_stores_nothing_and_writes_no_audit_row(database_ur
 async def test_a_scoped_viewer_sees_only_its_account(database_url: str, certs: Path) -> None:
     """v-alice lists, gets and audits alice's jobs only; bob's job is NotFound to it, and asking
     for bob's account is PermissionDenied; the unscoped viewer may ask for any account."""
-    async with control_plane(database_url, certs) as address:
+    async with mtls_control_plane(database_url, certs) as address:
         alices = await submit(address, certs, "alice")
         bobs = await submit(address, certs, "bob")
         listed = await call(address, certs, "v-alice", "list_jobs", pb.ListJobsRequest())
@@ -283,7 +272,7 @@ async def test_a_scoped_viewer_sees_only_its_account(database_url: str, certs: P
 async def test_a_user_reads_only_its_own_audit_rows(database_url: str, certs: Path) -> None:
     """alice's ListAudit shows her rows only, and asking for bob's is PermissionDenied; an
     operator reads both, filtered by account and action on request."""
-    async with control_plane(database_url, certs) as address:
+    async with mtls_control_plane(database_url, certs) as address:
         await submit(address, certs, "alice")
         bobs = await submit(address, certs, "bob")
         await call(address, certs, "bob", "cancel_job", cancel(bobs))
