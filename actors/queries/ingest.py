@@ -35,12 +35,12 @@ def once(rpc: str, effect: str, *, params: int, action: str, steps: str = "") ->
     and ``effect``, for an effect made of several steps (a data-modifying CTE must be at the
     top level); a step that writes must write only when ``fresh`` has a row, as the effect.
 
-    Parameters: the effect's ``$1 .. $params``, then the :data:`AUDIT_PARAMS` audit ones, then the
-    key and the request's sha256. A copy
-    that stored the key after this statement's snapshot was taken makes the key's INSERT wait
-    for it and then break the primary key (``idempotency_keys_pkey``): the statement rolls back
-    whole, effect included, and the caller runs it again to get the stored answer. A copy
-    still in progress makes it wait at most the session's ``lock_timeout``.
+    Parameters: the effect's ``$1 .. $params``, then the :data:`AUDIT_PARAMS` audit ones, then
+    the key and the request's sha256. A copy that stored the key after this statement's snapshot
+    was taken makes the key's INSERT wait for it and then break the primary key
+    (``idempotency_keys_pkey``): the statement rolls back whole, effect and audit row included,
+    and the caller runs it again to get the stored answer. A copy still in progress makes it
+    wait at most the session's ``lock_timeout``.
     """
     if not rpc.isidentifier() or not action.isidentifier():
         raise ValueError(f"rpc and action must be names, got {rpc!r} and {action!r}")
@@ -127,11 +127,11 @@ inserted AS (
 ),""",
 )
 
-# $1 names, $2 cpu_millis, $3 memory_mb, $4 priorities, $5 runtimes, $6 sleep_ms, $7 argv as JSON
-# arrays (NULL for sleep jobs), $8 images (NULL but for container jobs), $9 max_attempts, $10
-# retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON), $14 env (JSON), $15
-# workdir, $16 after_ids (JSON arrays), $17 their owner (the caller's account); then the audit's,
-# the idempotency key and the request's sha256 (see once). One statement: all jobs or none; none
+# $1 names, $2 cpu_millis, $3 memory_mb, $4 priorities, $5 runtimes, $6 sleep_ms, $7 argv as
+# JSON arrays (NULL for sleep jobs), $8 images (NULL but for container jobs), $9 max_attempts,
+# $10 retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON), $14 env (JSON),
+# $15 workdir, $16 after_ids (JSON arrays), $17 their owner (the caller's account); then the
+# audit's, the idempotency key and the request's sha256 (see once). One statement: all jobs or none; none
 # when a job names a dependency that does not exist (already: a job of the batch cannot name
 # another). A job waits as SUBMIT_JOB's (a batch holds no array). Answer rows: id, one per job,
 # drawn in order.

@@ -1,6 +1,8 @@
 """Who called the RPC being served, and what its certificate's role may do: :class:`Caller`,
 :func:`rpc_caller`, :func:`check_access` (an :data:`Access` table per service),
-:func:`require_worker` and :func:`refuse` (log, count and build the refusal)."""
+:func:`require_worker`, :func:`visible_account` (the one account a user or scoped viewer sees),
+:func:`audit_params` (who, for an audit row) and :func:`refuse` (log, count and build the
+refusal). Accounts: docs/accounts.md."""
 
 from __future__ import annotations
 
