@@ -213,6 +213,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     array_index          integer,
     array_max_running    integer,
     failures             integer     NOT NULL DEFAULT 0,
+    -- the account that submitted it (docs/accounts.md): a user's id, an operator's own id,
+    -- 'anonymous' on a server run with --insecure and for jobs stored before accounts existed
+    owner                text        NOT NULL DEFAULT 'anonymous',
     -- a job depends only on jobs older than itself (queries.SUBMIT_JOB names only jobs that
     -- exist), so its dependencies never form a cycle
     CONSTRAINT jobs_after_older_check CHECK (id > ALL (after_ids))
@@ -223,6 +226,8 @@ CREATE INDEX IF NOT EXISTS jobs_cancel_requested
     ON jobs (id) WHERE cancel_requested AND state IN ('assigned', 'running');
 CREATE INDEX IF NOT EXISTS jobs_waiting ON jobs (id) WHERE state = 'waiting';
 CREATE INDEX IF NOT EXISTS jobs_by_array ON jobs (array_id, array_index) WHERE array_id IS NOT NULL;
+-- An account's jobs, newest first (queries.LIST_JOBS for a user or a scoped viewer).
+CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, id);
 
 -- ---------------------------------------------------------------- assignments
 
@@ -280,6 +285,30 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
 );
 CREATE INDEX IF NOT EXISTS idempotency_keys_by_age ON idempotency_keys (created_at);
 
+-- ---------------------------------------------------------------- the audit trail
+
+-- One row per change a caller made through the ControlPlane service (docs/accounts.md), written
+-- by the change's own statement (queries.once), so in its transaction: none for a refused call,
+-- a replayed copy or a call that changed nothing. Who: the caller's certificate role and id
+-- ('plaintext' and 'anonymous' on a server run with --insecure) and the account it acted as;
+-- what: the action, the ids it changed (jobs, an array, a worker) and its key arguments; when:
+-- the database's now(); from where: the peer address gRPC saw. Kept until deleted by hand.
+CREATE TABLE IF NOT EXISTS audit_log (
+    id          bigserial   PRIMARY KEY,
+    at          timestamptz NOT NULL DEFAULT now(),
+    role        text        NOT NULL,
+    actor_id    text        NOT NULL,
+    account     text        NOT NULL,
+    address     text        NOT NULL,
+    -- a new kind of change (account settings come next) adds its action here, in a migration
+    action      text        NOT NULL
+                CHECK (action IN ('submit', 'cancel', 'drain', 'cordon', 'uncordon')),
+    target_ids  jsonb       NOT NULL DEFAULT '[]',
+    arguments   jsonb       NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS audit_log_by_account ON audit_log (account, id);
+CREATE INDEX IF NOT EXISTS audit_log_by_time ON audit_log (at);
+
 -- ---------------------------------------------------------------- the schema's version
 
 -- The versions applied (actors/schema.py): this file records the newest; each migration adds its own.
@@ -288,7 +317,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 -- This file's version: the newest migration's (actors/migrations/).
-INSERT INTO schema_version (version) VALUES (4) ON CONFLICT (version) DO NOTHING;
+INSERT INTO schema_version (version) VALUES (5) ON CONFLICT (version) DO NOTHING;
 
 -- ================================================================ routines
 -- Everything below is functions, triggers and views, each CREATE OR REPLACE: applied with the

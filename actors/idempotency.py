@@ -79,14 +79,27 @@ def describe(rpc: str, answer: Sequence[Mapping[str, Any]]) -> str:
     return f"its answer was {json.dumps(list(answer))[:200]}"
 
 
-def conflict_message(*, key: str, rpc: str, first_rpc: str, answer: Sequence[Mapping[str, Any]]) -> str:
+def conflict_message(
+    *, key: str, rpc: str, first_rpc: str, answer: Sequence[Mapping[str, Any]], shown: bool = True
+) -> str:
     """The refusal of a ``rpc`` call whose key was first used for another request: names the
-    key, the first call and what it did (the job it created or cancelled)."""
+    key, the first call and, when ``shown``, what it did (the job it created or cancelled; not
+    shown to a caller scoped to one account: the first call may have been another account's)."""
     first = f"{first_rpc} with another request" if first_rpc == rpc else f"{first_rpc}, not {rpc}"
+    did = f" ({describe(first_rpc, answer)})" if shown else " (by this account or another)"
     return (
-        f"idempotency_key {key!r} was first used for {first} ({describe(first_rpc, answer)}); "
-        "nothing was stored; send a new request with a new key"
+        f"idempotency_key {key!r} was first used for {first}{did}; nothing was stored; send a new "
+        "request with a new key"
     )
+
+
+def scoped_digest(digest: bytes, account: str | None) -> bytes:
+    """``digest`` as a caller scoped to ``account`` (a user) stores and compares it: bound to the
+    account, so another account's call with the same key and request is a conflict, never a
+    replay of its answer (None: ``digest`` itself, as for operators and ``--insecure``)."""
+    if account is None:
+        return digest
+    return hashlib.sha256(digest + b"\x00account\x00" + account.encode()).digest()
 
 
 def registration_conflict_message(

@@ -28,12 +28,13 @@ from actors.logs import LogRelay, check_read_job_logs, log_source
 from protocol import pb
 from protocol.wire import Encoded
 from runtime import identifiers, log, metrics
-from runtime.aio import Send, serve_grpc, trio_service
+from runtime.aio import Send, serve_grpc, trio_service, visible_account
 from runtime.errors import Busy, DatabaseUnavailable, DeadlineExceeded
 from runtime.lag import LoopLag
 from runtime.settings.control_plane import IngestSettings
 from runtime.settings.leader import ReconcilerSettings
-from runtime.tls import OPERATOR, VIEWER, WORKER, ClientTls
+from runtime.tls import OPERATOR, USER, VIEWER, WORKER, ClientTls
+from runtime.validation import check_audit_query
 
 __all__ = ["ControlPlaneService", "Ingest"]
 
@@ -57,10 +58,23 @@ class ControlPlaneService(WorkerHandlers):
         checked = check_read_job_logs(request)
         assert self.logs is not None
         self.logs.admit()
+        scope = visible_account("read_job_logs", "")
         async with self.database("read_job_logs") as conn:
-            row = await conn.fetchrow(queries.LOG_SOURCE, checked.job_id, checked.assignment_id)
+            row = await conn.fetchrow(queries.LOG_SOURCE, checked.job_id, checked.assignment_id, scope)
         source = log_source(checked.job_id, row, checked.assignment_id)
         await self.logs.relay(source, checked, send)
+
+    async def list_audit(self, request: pb.ListAuditRequest) -> pb.ListAuditReply:
+        """Up to ``limit`` rows of the audit trail, newest first, of ``account`` (a user's own,
+        a scoped viewer's: :func:`runtime.aio.visible_account`), ``action`` and the last
+        ``since_s`` seconds; raises InvalidArgument as
+        :func:`runtime.validation.check_audit_query`, PermissionDenied for another account."""
+        since_s = request.since_s if request.has_since_s else None
+        action, since_s, limit = check_audit_query(request.action, since_s, request.limit)
+        account = visible_account("list_audit", request.account)
+        async with self.database("list_audit") as conn:
+            rows = await conn.fetch(queries.LIST_AUDIT, account, action, since_s, limit)
+        return pb.ListAuditReply(entries=[pb.AuditEntry(**dict(row)) for row in rows])
 
     async def status(self, request: pb.StatusRequest) -> Encoded[pb.StatusReply]:
         """The status view; built and encoded in slices inside the turn."""
@@ -87,13 +101,14 @@ class ControlPlaneService(WorkerHandlers):
 
 
 CONTROL_PLANE_ACCESS = {
-    "read_job_logs": (OPERATOR, VIEWER),
-    "submit_job": (OPERATOR,),
-    "submit_jobs": (OPERATOR,),
-    "cancel_job": (OPERATOR,),
-    "get_job": (OPERATOR, VIEWER),
-    "get_job_events": (OPERATOR, VIEWER),
-    "list_jobs": (OPERATOR, VIEWER),
+    "read_job_logs": (OPERATOR, VIEWER, USER),
+    "submit_job": (OPERATOR, USER),
+    "submit_jobs": (OPERATOR, USER),
+    "cancel_job": (OPERATOR, USER),
+    "get_job": (OPERATOR, VIEWER, USER),
+    "get_job_events": (OPERATOR, VIEWER, USER),
+    "list_jobs": (OPERATOR, VIEWER, USER),
+    "list_audit": (OPERATOR, VIEWER, USER),
     "status": (OPERATOR, VIEWER),
     "register_worker": (WORKER,),
     "heartbeat": (WORKER,),
@@ -102,8 +117,10 @@ CONTROL_PLANE_ACCESS = {
     "uncordon_worker": (OPERATOR,),
     "drain_worker": (OPERATOR,),
 }
-"""Who may call each ControlPlane RPC over mutual TLS; a worker speaks only for itself (the
-handlers check that its certificate names the ``worker_id`` it sends)."""
+"""Who may call each ControlPlane RPC over mutual TLS (docs/accounts.md); a worker speaks only for
+itself (the handlers check that its certificate names the ``worker_id`` it sends), and a user, or
+a viewer scoped to an account, reads and cancels only that account's jobs and audit rows (the
+handlers pass :func:`runtime.aio.visible_account` to their statements)."""
 
 
 @attrs.define

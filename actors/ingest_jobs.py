@@ -6,7 +6,7 @@ sweep of expired idempotency keys; every mutating call carried out once per idem
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -17,9 +17,9 @@ from actors.ingest_replies import array_counts, attempt_info, job_events_reply, 
 from protocol import pb, wire
 from protocol.wire import Encoded
 from runtime import faults, log, metrics
-from runtime.aio import PgConnection, rpc_caller, takes_encoded_request
+from runtime.aio import PgConnection, audit_params, rpc_caller, takes_encoded_request, visible_account
 from runtime.errors import Busy, DatabaseBusy, DuplicateKey, IdempotencyConflict, InvalidArgument, NotFound
-from runtime.tls import OPERATOR
+from runtime.tls import OPERATOR, USER
 from runtime.validation import check_idempotency_key, check_job_id, check_jobs_steps, check_list
 from runtime.wire_jobs import job_spec_from_pb
 
@@ -47,6 +47,7 @@ class JobHandlers(AdmittedService):
         *args: Any,
         key: str,
         digest: bytes,
+        arguments: Mapping[str, Any] | None = None,
         lock_worker: str | None = None,
     ) -> Once:
         """Carry out a mutating call's statement (made by :func:`actors.queries.once`) once per
@@ -57,6 +58,8 @@ class JobHandlers(AdmittedService):
             rpc: the call, e.g. ``"submit_job"``.
             sql: its statement; ``args`` its effect's parameters.
             digest: the checked request's sha256 (:func:`actors.idempotency.request_digest`).
+            arguments: the call's key arguments, for its audit row (written with the effect,
+                naming the RPC's caller: :func:`runtime.aio.audit_params`).
             lock_worker: a promise about this worker's future (a cordon or drain): its row is
                 locked first in the same transaction, so no placement commits onto it after.
 
@@ -66,6 +69,10 @@ class JobHandlers(AdmittedService):
                 timeout); nothing was stored.
             DatabaseUnavailable: the database failed.
         """
+
+        args = (*args, *audit_params(arguments or {}))
+        scope = rpc_caller().scope
+        digest = idempotency.scoped_digest(digest, scope)
 
         async def promise(conn: PgConnection) -> Any:
             await conn.fetchval(queries.LOCK_WORKER, lock_worker)
@@ -96,7 +103,9 @@ class JobHandlers(AdmittedService):
         if row["replayed"]:
             if row["rpc"] != rpc or bytes(row["request_sha256"]) != digest:
                 raise IdempotencyConflict(
-                    idempotency.conflict_message(key=key, rpc=rpc, first_rpc=row["rpc"], answer=answer)
+                    idempotency.conflict_message(
+                        key=key, rpc=rpc, first_rpc=row["rpc"], answer=answer, shown=scope is None
+                    )
                 )
             metrics.INGEST_REPLAYED_REQUESTS.labels(rpc).inc()
             return Once(answer=answer, replayed=True)
@@ -112,9 +121,10 @@ class JobHandlers(AdmittedService):
             done = await self._store_jobs(
                 "submit_job",
                 queries.SUBMIT_JOB,
-                attrs.astuple(queries.job_columns(job)),
+                (*attrs.astuple(queries.job_columns(job)), rpc_caller().account),
                 key=key,
                 digest=digest,
+                arguments={"name": job.name},
                 missing=lambda conn: self._missing_dependencies(conn, "after", job.after),
             )
             if not done.replayed:
@@ -133,6 +143,7 @@ class JobHandlers(AdmittedService):
         *,
         key: str,
         digest: bytes,
+        arguments: Mapping[str, Any],
         missing: Callable[[PgConnection], Awaitable[InvalidArgument]],
     ) -> Once:
         """Carry out a submission's statement once per ``key`` (:meth:`_once`), inside its turn.
@@ -143,7 +154,7 @@ class JobHandlers(AdmittedService):
             IdempotencyConflict, Busy, DatabaseUnavailable: as :meth:`_once`.
         """
         async with self.connection(rpc) as conn:
-            done = await self._once(conn, rpc, sql, *args, key=key, digest=digest)
+            done = await self._once(conn, rpc, sql, *args, key=key, digest=digest, arguments=arguments)
             if not done.answer:
                 raise await missing(conn)
         return done
@@ -199,9 +210,10 @@ class JobHandlers(AdmittedService):
             done = await self._store_jobs(
                 "submit_jobs",
                 queries.SUBMIT_JOBS,
-                queries.job_column_arrays(jobs),
+                (*queries.job_column_arrays(jobs), rpc_caller().account),
                 key=key,
                 digest=digest,
+                arguments={"jobs": len(jobs)},
                 missing=first_missing,
             )
             if not done.replayed:
@@ -231,8 +243,9 @@ class JobHandlers(AdmittedService):
 
     async def get_job(self, request: pb.GetJobRequest) -> pb.JobInfo:
         check_job_id(request.job_id)
+        scope = visible_account("get_job", "")
         async with self.database("get_job") as conn:
-            row = await conn.fetchrow(queries.GET_JOB, request.job_id)
+            row = await conn.fetchrow(queries.GET_JOB, request.job_id, scope)
             attempts = [] if row is None else await conn.fetch(queries.JOB_ATTEMPTS, request.job_id)
             array_id = None if row is None else row["array_id"]
             counts = [] if array_id is None else await conn.fetch(queries.ARRAY_COUNTS, array_id)
@@ -247,19 +260,22 @@ class JobHandlers(AdmittedService):
         """The job's history, oldest first, rebuilt from the tables in one read; raises
         InvalidArgument for a ``job_id`` outside 1..2**63-1, NotFound for no such job."""
         check_job_id(request.job_id)
+        scope = visible_account("get_job_events", "")
         async with self.database("get_job_events") as conn:
-            rows = await conn.fetch(queries.JOB_EVENTS, request.job_id)
+            rows = await conn.fetch(queries.JOB_EVENTS, request.job_id, scope)
         if not rows:
             raise NotFound(f"job_id {request.job_id} not found")
         return job_events_reply(request.job_id, rows)
 
     async def list_jobs(self, request: pb.ListJobsRequest) -> Encoded[pb.ListJobsReply]:
-        """Up to ``limit`` jobs, newest first; the reply is built and encoded in slices inside
-        the turn."""
+        """Up to ``limit`` jobs, newest first, of ``account`` (or of every account the caller may
+        see: :func:`runtime.aio.visible_account`); the reply is built and encoded in slices
+        inside the turn."""
         state, limit = check_list(request.state, request.limit)
+        account = visible_account("list_jobs", request.account)
         async with self.admitted("list_jobs"):
             async with self.connection("list_jobs") as conn:
-                rows = await conn.fetch(queries.LIST_JOBS, state, limit)
+                rows = await conn.fetch(queries.LIST_JOBS, state, limit, account)
             env_values = reads_env_values()
             return await self._encoded(
                 pb.ListJobsReply(), {"jobs": (job_info(r, env_values=env_values) for r in rows)}
@@ -272,9 +288,14 @@ class JobHandlers(AdmittedService):
         # cancel digests as it always did.
         item: list[Any] = [request.job_id, "only_this_task"] if request.only_this_task else [request.job_id]
         digest = idempotency.request_digest("cancel_job", item)
+        # A user cancels only its own jobs: another account's is as no job (NotFound).
+        scope = visible_account("cancel_job", "")
+        arguments = {"only_this_task": request.only_this_task}
         async with self.database("cancel_job") as conn:
-            args = (request.job_id, request.only_this_task)
-            done = await self._once(conn, "cancel_job", queries.CANCEL_JOB, *args, key=key, digest=digest)
+            args = (request.job_id, request.only_this_task, scope)
+            done = await self._once(
+                conn, "cancel_job", queries.CANCEL_JOB, *args, key=key, digest=digest, arguments=arguments
+            )
         if not done.answer:
             raise NotFound(f"job_id {request.job_id} not found")
         row = done.answer[0]
@@ -284,10 +305,11 @@ class JobHandlers(AdmittedService):
         return pb.CancelJobReply(state=state, tasks=tasks)
 
 
-ENV_VALUE_READERS = (OPERATOR,)
+ENV_VALUE_READERS = (OPERATOR, USER)
 """Who reads the values of a job's environment in GetJob, ListJobs and Status replies: operators,
-who may set them. Every other reader gets each value as :data:`runtime.jobs.HIDDEN_ENV_VALUE`
-(they may be secrets); on a plaintext server (``--insecure``) everyone reads them."""
+who may set them, and users, who set them and read only their own jobs. Every other reader gets
+each value as :data:`runtime.jobs.HIDDEN_ENV_VALUE` (they may be secrets); on a plaintext server
+(``--insecure``) everyone reads them."""
 
 
 def reads_env_values() -> bool:

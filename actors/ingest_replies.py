@@ -42,6 +42,7 @@ def job_info(row: Any, *, env_values: bool) -> pb.JobInfo:
         array_id=row["array_id"] or 0,
         array_index=row["array_index"] or 0,
         read_unix_s=row["read_unix_s"] or 0.0,
+        owner=row["owner"],
     )
     if row["cancel_requested"] and row["state"] in ("assigned", "running"):
         info.reason = "cancelling"

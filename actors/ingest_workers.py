@@ -284,7 +284,14 @@ class WorkerHandlers(HeartbeatHandlers):
         return pb.LeaveWorkerReply(left=left, epoch=epoch, detail=detail)
 
     async def _worker_schedule(
-        self, rpc: str, sql: str, worker_id: str, *args: Any, key: str, items: list[Any]
+        self,
+        rpc: str,
+        sql: str,
+        worker_id: str,
+        *args: Any,
+        key: str,
+        items: list[Any],
+        arguments: dict[str, Any] | None = None,
     ) -> pb.WorkerScheduleReply:
         """Carry out a cordon, uncordon or drain of ``worker_id`` once per idempotency ``key``.
 
@@ -295,7 +302,15 @@ class WorkerHandlers(HeartbeatHandlers):
         digest = idempotency.request_digest(rpc, items)
         async with self.database(rpc) as conn:
             done = await self._once(
-                conn, rpc, sql, worker_id, *args, key=key, digest=digest, lock_worker=worker_id
+                conn,
+                rpc,
+                sql,
+                worker_id,
+                *args,
+                key=key,
+                digest=digest,
+                arguments=arguments,
+                lock_worker=worker_id,
             )
         if not done.answer:
             raise NotFound(f"worker_id {worker_id!r} not found: no worker ever registered with that id")
@@ -342,4 +357,5 @@ class WorkerHandlers(HeartbeatHandlers):
             deadline_s,
             key=key,
             items=[worker_id, deadline_ms],
+            arguments={"deadline_s": deadline_s},
         )

@@ -21,13 +21,23 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from runtime.errors import InvalidArgument, StockadeError
 from runtime.identifiers import check_id, is_host_name
-from runtime.tls import TRUST_DOMAIN, URI_PREFIX, Identity, check_key_private, fleet_identity
+from runtime.tls import (
+    ACCOUNT_SEGMENT,
+    TRUST_DOMAIN,
+    URI_PREFIX,
+    Identity,
+    check_key_private,
+    fleet_identity,
+)
 
 SERVER_ROLES = ("control-plane", "worker", "database")
 """Roles whose certificates name hosts and serve TLS (they also call others as clients).
 ``database`` is the embedded PostgreSQL's (:class:`ops.launcher.pg.PgTls`)."""
-CLIENT_ROLES = ("operator", "viewer")
-"""Roles of CLI clients: client auth only."""
+CLIENT_ROLES = ("operator", "viewer", "user")
+"""Roles of CLI clients: client auth only. A user's id is its account's name; a viewer may be
+scoped to one account (docs/accounts.md)."""
+ACCOUNT_ROLES = ("viewer",)
+"""The roles a certificate may scope to one account (``--account``)."""
 ROLES = (*SERVER_ROLES, *CLIENT_ROLES)
 
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
@@ -143,6 +153,23 @@ def check_role(role: str) -> str:
     return role
 
 
+def check_account(role: str, account: str) -> str:
+    """``account`` if a certificate of ``role`` may be scoped to it.
+
+    Raises:
+        InvalidArgument: ``role`` is not one of :data:`ACCOUNT_ROLES` (a user's account is its
+            id; an operator acts on every account), or ``account`` breaks the id rules.
+    """
+    if role not in ACCOUNT_ROLES:
+        raise InvalidArgument(
+            "account",
+            account,
+            f"is only for {' and '.join(ACCOUNT_ROLES)} certificates, not {role} "
+            "(a user's account is its --id; an operator acts on every account)",
+        )
+    return check_id(account, field="account")
+
+
 def parse_host(host: str) -> x509.GeneralName:
     """A host as a SAN entry: an IP address (v4 or v6) or an RFC 1123 host name.
 
@@ -246,6 +273,7 @@ def issue(
     id: str,
     hosts: Sequence[str] = (),
     workers: Sequence[str] = (),
+    account: str | None = None,
     settings: CertSettings | None = None,
 ) -> IssuedCert:
     """Issue a certificate and a new key for ``role``/``id``, signed by the folder's CA.
@@ -259,12 +287,15 @@ def issue(
             server roles only.
         workers: the worker ids a fleet certificate may speak for (role ``worker`` only, at
             least two, no repeats): a client certificate with one worker URI SAN per id.
+        account: the one account a viewer may read (its URI ends ``/account/<account>``);
+            None: every account. Only for :data:`ACCOUNT_ROLES`; a user's account is its id.
         settings: validity periods (defaults: :class:`CertSettings`).
 
     Raises:
-        InvalidArgument: unknown role, bad id, bad host, hosts given to a client role, or
+        InvalidArgument: unknown role, bad id, bad host, hosts given to a client role,
             ``workers`` given to another role than ``worker``, with hosts, fewer than two,
-            repeated or malformed.
+            repeated or malformed, or ``account`` given to another role than a viewer or
+            breaking the id rules.
         CertificateAuthorityMissing: no CA in ``cert_dir``.
         KeyFileExposed: the CA key is readable by group or others.
         CertificateExists: ``<id>.crt`` or ``<id>.key`` exists. Nothing is written on any error.
@@ -272,6 +303,8 @@ def issue(
     settings = settings or CertSettings()
     check_role(role)
     check_id(id, field="id")
+    if account is not None:
+        check_account(role, account)
     if hosts and role in CLIENT_ROLES:
         raise InvalidArgument("host", list(hosts), f"is only for {' and '.join(SERVER_ROLES)} certificates")
     fleet = bool(workers)
@@ -294,7 +327,7 @@ def issue(
     ca_key = serialization.load_pem_private_key(where.ca_key.read_bytes(), password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise NotAStockadeCertificate(f"{where.ca_key} is not an EC private key")
-    identity = Identity(role=role, id=id, workers=frozenset(workers))
+    identity = Identity(role=role, id=id, workers=frozenset(workers), account=account)
     key = ec.generate_private_key(ec.SECP256R1())
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
     if role in SERVER_ROLES and not fleet:
@@ -370,13 +403,23 @@ def identity_of(cert: x509.Certificate) -> Identity:
             f"a Stockade certificate names exactly one URI, {URI_PREFIX}<role>/<id>; this one has "
             f"{len(uris)}: {', '.join(uris) or 'none'}"
         )
-    role, _, id = uris[0].removeprefix(URI_PREFIX).partition("/")
+    role, _, rest = uris[0].removeprefix(URI_PREFIX).partition("/")
+    id, _, scope = rest.partition("/")
+    segment, _, account = scope.partition("/")
     try:
         check_role(role)
         check_id(id, field="id")
+        if scope and (segment != ACCOUNT_SEGMENT or "/" in account):
+            raise InvalidArgument(
+                "uri",
+                uris[0],
+                f"must be {URI_PREFIX}<role>/<id>, or a viewer's .../{ACCOUNT_SEGMENT}/<account>",
+            )
+        if scope:
+            check_account(role, account)
     except InvalidArgument as exc:
         raise NotAStockadeCertificate(f"{uris[0]}: {exc}") from exc
-    return Identity(role=role, id=id)
+    return Identity(role=role, id=id, account=account if scope else None)
 
 
 _SHOWN_TIME = "%Y-%m-%d %H:%M"

@@ -24,10 +24,11 @@ from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from runtime.errors import PermanentError
-from runtime.tls import OPERATOR, VIEWER, Identity, TlsFiles, parse_identity_uri
+from runtime.tls import OPERATOR, USER, VIEWER, Identity, TlsFiles, parse_identity_uri
 
-CONSOLE_ROLES = (OPERATOR, VIEWER)
-"""The roles whose certificates may sign a console token: the console only reads."""
+CONSOLE_ROLES = (OPERATOR, VIEWER, USER)
+"""The roles whose certificates may sign a console token: the console only reads (a user, or a
+viewer scoped to an account, sees that account's jobs only: docs/accounts.md)."""
 MAX_LIFETIME_S = 12 * 3600.0
 """The longest lifetime a token may have (``exp - iat``), in seconds: 12 h."""
 CLOCK_SKEW_S = 60.0
@@ -123,7 +124,9 @@ def _identity_of(cert: x509.Certificate) -> Identity:
     if identity is None:
         raise TokenRefused("the token's certificate names no Stockade identity")
     if identity.role not in CONSOLE_ROLES:
-        raise TokenRefused(f"the token's certificate is {identity}: the console admits operators and viewers")
+        raise TokenRefused(
+            f"the token's certificate is {identity}: the console admits operators, viewers and users"
+        )
     return identity
 
 

@@ -25,7 +25,12 @@ CONTROL_PLANE = "control-plane"
 WORKER = "worker"
 OPERATOR = "operator"
 VIEWER = "viewer"
-ROLES = (CONTROL_PLANE, WORKER, OPERATOR, VIEWER)
+USER = "user"
+ROLES = (CONTROL_PLANE, WORKER, OPERATOR, VIEWER, USER)
+
+ACCOUNT_SEGMENT = "account"
+"""An account-scoped viewer's URI is ``URI_PREFIX + "viewer/<id>/account/<account>"``: the
+account is carried in the path, as the role and the id are (docs/accounts.md)."""
 
 TRUST_DOMAIN = "stockade"
 URI_PREFIX = f"spiffe://{TRUST_DOMAIN}/"
@@ -56,18 +61,30 @@ class PeerIdentityMismatch(ssl.SSLCertVerificationError):
 @attrs.frozen
 class Identity:
     """Who holds a certificate: ``role`` (one of :data:`ROLES`) and ``id`` (``cp-1``, ``w-7``,
-    ``operator``); for a fleet certificate also the ``workers`` it names."""
+    ``operator``, a user's account name); for a fleet certificate also the ``workers`` it names;
+    for an account-scoped viewer the ``account`` it may read."""
 
     role: str
     id: str
     workers: frozenset[str] = frozenset()
     """A fleet certificate's worker ids (one URI SAN each; its ``id`` is then the subject's
     common name, shown in messages only); empty for every other certificate."""
+    account: str | None = None
+    """A viewer's scope: the one account whose jobs it may read (None: every account; set only
+    for role ``viewer``)."""
 
     @property
     def uri(self) -> str:
-        """``spiffe://stockade/<role>/<id>`` (a fleet certificate's are :attr:`uris`)."""
-        return f"{URI_PREFIX}{self.role}/{self.id}"
+        """``spiffe://stockade/<role>/<id>``, with ``/account/<account>`` for a scoped viewer (a
+        fleet certificate's are :attr:`uris`)."""
+        scope = f"/{ACCOUNT_SEGMENT}/{self.account}" if self.account is not None else ""
+        return f"{URI_PREFIX}{self.role}/{self.id}{scope}"
+
+    @property
+    def scope(self) -> str | None:
+        """The one account whose jobs and audit rows the holder may see: a user's own (its id),
+        a scoped viewer's :attr:`account`; None for every other role (all accounts, or none)."""
+        return self.id if self.role == USER else self.account
 
     @property
     def uris(self) -> tuple[str, ...]:
@@ -91,18 +108,27 @@ class Identity:
     def __str__(self) -> str:
         if self.workers:
             return f"{self.role}/{self.id} (a fleet certificate for {len(self.workers)} workers)"
+        if self.account is not None:
+            return f"{self.role}/{self.id} (account {self.account})"
         return f"{self.role}/{self.id}"
 
 
 def parse_identity_uri(uri: str) -> Identity | None:
-    """The identity a ``spiffe://stockade/<role>/<id>`` URI names, or None when it names none
-    (another trust domain, an unknown role, an empty id or extra path segments)."""
+    """The identity a ``spiffe://stockade/<role>/<id>`` URI names (a viewer's may end in
+    ``/account/<account>``), or None when it names none (another trust domain, an unknown role,
+    an empty id or account, or other path segments)."""
     if not uri.startswith(URI_PREFIX):
         return None
-    role, _, id = uri[len(URI_PREFIX) :].partition("/")
-    if role not in ROLES or not id or "/" in id:
+    role, _, rest = uri[len(URI_PREFIX) :].partition("/")
+    id, _, scope = rest.partition("/")
+    if role not in ROLES or not id:
         return None
-    return Identity(role=role, id=id)
+    if not scope:
+        return None if rest.endswith("/") else Identity(role=role, id=id)
+    segment, _, account = scope.partition("/")
+    if role != VIEWER or segment != ACCOUNT_SEGMENT or not account or "/" in account:
+        return None
+    return Identity(role=role, id=id, account=account)
 
 
 def fleet_identity(uris: Sequence[str], common_name: str) -> Identity | None:

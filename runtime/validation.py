@@ -125,6 +125,23 @@ def check_worker_id(worker_id: str) -> str:
     return identifiers.check_id(worker_id, field="worker_id")
 
 
+AUDIT_ACTIONS = ("submit", "cancel", "drain", "cordon", "uncordon")
+"""Every action the audit trail records (schema.sql, audit_log.action)."""
+
+
+def check_audit_query(action: str, since_s: float | None, limit: int) -> tuple[str, float | None, int]:
+    """Check a ListAudit request (``stockade audit``; a limit of 0 means 100): InvalidArgument
+    for an unknown action, a ``since_s`` that is negative, infinite or NaN, or a limit outside
+    0..MAX_LIST_LIMIT."""
+    if action and action not in AUDIT_ACTIONS:
+        raise InvalidArgument("action", action, f"must be empty or one of {', '.join(AUDIT_ACTIONS)}")
+    if since_s is not None and not 0 <= since_s < float("inf"):  # NaN compares false: refused too
+        raise InvalidArgument("since_s", since_s, "must be a finite number of seconds >= 0")
+    if not 0 <= limit <= MAX_LIST_LIMIT:
+        raise InvalidArgument("limit", limit, f"must be between 0 and {MAX_LIST_LIMIT}")
+    return action, since_s, limit or 100
+
+
 def check_drain_deadline_s(deadline_s: float) -> float:
     """A drain's deadline in seconds (``stockade drain --deadline-s``); InvalidArgument if NaN,
     negative, or over :data:`MAX_DRAIN_DEADLINE_S`."""

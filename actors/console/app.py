@@ -109,6 +109,12 @@ class PageStatus(Exception):
 PageFn = Callable[[Request], Awaitable[Part]]
 
 
+def _scope(request: Request) -> str | None:
+    """The one account whose jobs the page's reader may see (None: all), set by
+    :meth:`ConsoleApp._part` from the reader's login token."""
+    return getattr(request.state, "scope", None)
+
+
 def _page_part(template: str, status: int = 200, **values: Any) -> Part:
     return Part(status=status, template=f"parts/{template}.html", values=values)
 
@@ -213,6 +219,8 @@ class ConsoleApp:
         try:
             if self.tokens is not None:
                 identity = self.tokens.identity(request.headers.get("authorization"))
+            # A user, or a viewer scoped to an account, sees that account's jobs only.
+            request.state.scope = identity.scope if identity is not None else None
             part = await page(request)
         except TokenRefused as exc:
             part = self._refused(str(exc))
@@ -268,7 +276,7 @@ class ConsoleApp:
                 await conn.fetchrow(q.CONSOLE_LEASE),
                 await conn.fetch(q.CONSOLE_CONTROL_PLANES),
                 await conn.fetch(q.CONSOLE_ELECTIONS, ELECTIONS_SHOWN),
-                await conn.fetch(q.CONSOLE_JOB_COUNTS),
+                await conn.fetch(q.CONSOLE_JOB_COUNTS, _scope(request)),
             )
 
         lease, cps, elections, counts = await self.store.read(reads)
@@ -311,7 +319,9 @@ class ConsoleApp:
             runs = (
                 []
                 if row is None
-                else await conn.fetch(q.CONSOLE_WORKER_ASSIGNMENTS, worker_id, WORKER_ASSIGNMENTS_SHOWN)
+                else await conn.fetch(
+                    q.CONSOLE_WORKER_ASSIGNMENTS, worker_id, WORKER_ASSIGNMENTS_SHOWN, _scope(request)
+                )
             )
             return row, runs
 
@@ -331,10 +341,12 @@ class ConsoleApp:
         if state and state not in validation.JOB_STATES:
             raise PageStatus(400, f"no job state {state!r}: one of {', '.join(validation.JOB_STATES)}")
 
+        scope = _scope(request)
+
         async def reads(conn: Any) -> tuple[Any, Any]:
             return (
-                await conn.fetch(q.CONSOLE_JOBS, state, name, worker, q.MAX_JOBS_LISTED),
-                await conn.fetch(q.CONSOLE_JOB_COUNTS),
+                await conn.fetch(q.CONSOLE_JOBS, state, name, worker, q.MAX_JOBS_LISTED, scope),
+                await conn.fetch(q.CONSOLE_JOB_COUNTS, scope),
             )
 
         rows, counts = await self.store.read(reads)
@@ -353,14 +365,16 @@ class ConsoleApp:
         if not 0 < job_id <= validation.MAX_ID:
             raise PageStatus(404, f"no job {text!r}: not a job id")
 
+        scope = _scope(request)
+
         async def reads(conn: Any) -> tuple[Any, Any, Any]:
-            row = await conn.fetchrow(q.CONSOLE_JOB, job_id)
+            row = await conn.fetchrow(q.CONSOLE_JOB, job_id, scope)
             if row is None:
                 return None, [], None
             return (
                 row,
                 await conn.fetch(q.CONSOLE_JOB_ATTEMPTS, job_id),
-                await conn.fetchrow(q.CONSOLE_LOG_SOURCE, job_id, 0),  # 0: its newest run that started
+                await conn.fetchrow(q.CONSOLE_LOG_SOURCE, job_id, 0, scope),  # 0: its newest run that started
             )
 
         row, attempts, source_row = await self.store.read(reads)

@@ -73,7 +73,8 @@ CONSOLE_WORKERS = _WORKER_COLUMNS + " GROUP BY w.id ORDER BY w.id"
 # $1 worker id. One worker, as CONSOLE_WORKERS (no row: no such worker).
 CONSOLE_WORKER = _WORKER_COLUMNS + " WHERE w.id = $1 GROUP BY w.id"
 
-# $1 worker id, $2 how many. Its assignments, active ones first, then the newest.
+# $1 worker id, $2 how many, $3 the only owner whose jobs' runs it lists (NULL: any). Its
+# assignments, active ones first, then the newest.
 CONSOLE_WORKER_ASSIGNMENTS = """
 SELECT a.id, a.job_id, j.name, j.array_index, a.state, a.epoch, a.worker_incarnation, a.cpu_millis,
        a.memory_mb,
@@ -81,16 +82,16 @@ SELECT a.id, a.job_id, j.name, j.array_index, a.state, a.epoch, a.worker_incarna
        extract(epoch FROM a.created_at)::float8 AS created_unix_s,
        extract(epoch FROM a.ended_at)::float8 AS ended_unix_s
   FROM assignments a JOIN jobs j ON j.id = a.job_id
- WHERE a.worker_id = $1
+ WHERE a.worker_id = $1 AND ($3::text IS NULL OR j.owner = $3::text)
  ORDER BY a.state = 'active' DESC, a.id DESC LIMIT $2
 """
 
 # $1 state ('' any), $2 a part of the name ('' any; matched as text, not as a pattern),
-# $3 a worker id ('' any: else jobs with a run on that worker), $4 how many. Newest first, with
-# the worker of each job's latest run.
+# $3 a worker id ('' any: else jobs with a run on that worker), $4 how many, $5 the only owner
+# whose jobs it lists (NULL: any). Newest first, with the worker of each job's latest run.
 CONSOLE_JOBS = """
 SELECT j.id, j.name, j.array_index, j.state, j.reason, j.runtime, j.cpu_millis, j.memory_mb, j.priority,
-       j.attempts, j.exit_code, extract(epoch FROM j.submitted_at)::float8 AS submitted_unix_s,
+       j.attempts, j.exit_code, j.owner, extract(epoch FROM j.submitted_at)::float8 AS submitted_unix_s,
        extract(epoch FROM now() - j.submitted_at)::float8 AS age_s, a.worker_id
   FROM jobs j
   LEFT JOIN LATERAL (
@@ -99,12 +100,17 @@ SELECT j.id, j.name, j.array_index, j.state, j.reason, j.runtime, j.cpu_millis, 
  WHERE ($1 = '' OR j.state = $1)
    AND ($2 = '' OR strpos(lower(j.name), lower($2)) > 0)
    AND ($3 = '' OR EXISTS (SELECT FROM assignments b WHERE b.job_id = j.id AND b.worker_id = $3))
+   AND ($5::text IS NULL OR j.owner = $5::text)
  ORDER BY j.id DESC LIMIT $4
 """
 
-CONSOLE_JOB_COUNTS = "SELECT state, count(*)::bigint AS count FROM jobs GROUP BY state"
+# $1 the only owner whose jobs it counts (NULL: any).
+CONSOLE_JOB_COUNTS = """
+SELECT state, count(*)::bigint AS count FROM jobs WHERE $1::text IS NULL OR owner = $1::text GROUP BY state
+"""
 
-# $1 job id. The job and its spec's columns (as the GetJob RPC reads it; no row: no such job).
+# $1 job id, $2 the only owner whose job it reads (NULL: any). The job and its spec's columns (as
+# the GetJob RPC reads it; no row: no such job, or another owner's).
 CONSOLE_JOB = GET_JOB
 
 # $1 job id. Every run (assignment) of the job, oldest first.
@@ -117,8 +123,8 @@ SELECT id, worker_id, worker_incarnation, epoch, state, coalesce(end_reason, '')
   FROM assignments WHERE job_id = $1 ORDER BY id
 """
 
-# $1 job id, $2 0 (any run). Where the job's output is read (actors/logs.py: the same row
-# ReadJobLogs reads).
+# $1 job id, $2 0 (any run), $3 the only owner (NULL: any). Where the job's output is read
+# (actors/logs.py: the same row ReadJobLogs reads).
 CONSOLE_LOG_SOURCE = LOG_SOURCE
 
 # The cluster's packing now: the capacity of the alive workers and what active assignments hold

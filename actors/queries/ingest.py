@@ -8,7 +8,12 @@ from __future__ import annotations
 # ---------------------------------------------------------------- ingest (unfenced writes)
 
 
-def once(rpc: str, effect: str, *, params: int, steps: str = "") -> str:
+AUDIT_PARAMS = 5
+"""The parameters :func:`once` adds after the effect's for its audit row: the caller's role, id,
+account and peer address, and the call's key arguments (JSON text)."""
+
+
+def once(rpc: str, effect: str, *, params: int, action: str, steps: str = "") -> str:
     """A mutating call's statement, carried out at most once per idempotency key
     (:mod:`actors.idempotency`): ``effect`` (a data-modifying statement with ``params``
     parameters that writes only when the CTE ``fresh`` has a row, and returns the rows that
@@ -19,6 +24,9 @@ def once(rpc: str, effect: str, *, params: int, steps: str = "") -> str:
     - stores the key, ``rpc``, the request's digest and the effect's rows as JSON (the answer),
       when the effect returned any (a call that changed nothing, such as a cancel of an
       unknown job, stores no key either);
+    - writes one row of ``audit_log`` (``action``; the effect's ``id`` column as its target
+      ids; who, from where and the key arguments from the audit parameters) in the same case,
+      so a replayed copy or a call that changed nothing writes none;
     - returns one row: ``replayed`` (the key was stored already), ``rpc`` and
       ``request_sha256`` of the stored call (NULL when not replayed), and ``answer``, the
       stored answer or the new one.
@@ -27,15 +35,17 @@ def once(rpc: str, effect: str, *, params: int, steps: str = "") -> str:
     and ``effect``, for an effect made of several steps (a data-modifying CTE must be at the
     top level); a step that writes must write only when ``fresh`` has a row, as the effect.
 
-    Parameters: the effect's ``$1 .. $params``, then the key and the request's sha256. A copy
-    that stored the key after this statement's snapshot was taken makes the key's INSERT wait
-    for it and then break the primary key (``idempotency_keys_pkey``): the statement rolls back
-    whole, effect included, and the caller runs it again to get the stored answer. A copy
-    still in progress makes it wait at most the session's ``lock_timeout``.
+    Parameters: the effect's ``$1 .. $params``, then the :data:`AUDIT_PARAMS` audit ones, then
+    the key and the request's sha256. A copy that stored the key after this statement's snapshot
+    was taken makes the key's INSERT wait for it and then break the primary key
+    (``idempotency_keys_pkey``): the statement rolls back whole, effect and audit row included,
+    and the caller runs it again to get the stored answer. A copy still in progress makes it
+    wait at most the session's ``lock_timeout``.
     """
-    if not rpc.isidentifier():
-        raise ValueError(f"rpc must be a method name, got {rpc!r}")
-    key, digest = f"${params + 1}", f"${params + 2}"
+    if not rpc.isidentifier() or not action.isidentifier():
+        raise ValueError(f"rpc and action must be names, got {rpc!r} and {action!r}")
+    role, actor_id, account, address, arguments = (f"${params + n}" for n in range(1, AUDIT_PARAMS + 1))
+    key, digest = f"${params + AUDIT_PARAMS + 1}", f"${params + AUDIT_PARAMS + 2}"
     return f"""
 WITH prior AS (
     SELECT rpc, request_sha256, answer FROM idempotency_keys WHERE key = {key}::text
@@ -47,6 +57,12 @@ answer AS (SELECT coalesce(jsonb_agg(effect), '[]'::jsonb) AS rows, count(*) AS 
 kept AS (
     INSERT INTO idempotency_keys (key, rpc, request_sha256, answer)
     SELECT {key}::text, '{rpc}', {digest}::bytea, answer.rows FROM answer WHERE answer.n > 0
+),
+audited AS (
+    INSERT INTO audit_log (role, actor_id, account, address, action, target_ids, arguments)
+    SELECT {role}::text, {actor_id}::text, {account}::text, {address}::text, '{action}',
+           (SELECT jsonb_agg(e.id ORDER BY e.id) FROM effect e), {arguments}::jsonb
+      FROM answer WHERE answer.n > 0
 )
 SELECT prior.rpc IS NOT NULL AS replayed, prior.rpc, prior.request_sha256,
        coalesce(prior.answer, answer.rows)::text AS answer
@@ -57,20 +73,21 @@ SELECT prior.rpc IS NOT NULL AS replayed, prior.rpc, prior.request_sha256,
 # $1 name, $2 cpu_millis, $3 memory_mb, $4 priority, $5 runtime, $6 sleep_ms, $7 argv, $8 image,
 # $9 max_attempts, $10 retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON),
 # $14 env (JSON), $15 workdir, $16 after_ids, $17 an array's first index (NULL: one job), $18 its
-# last index, $19 its limit (0: none); then the idempotency key and the request's sha256 (see
-# once). One job, or one row per task of an array: the first task's id is drawn first and is the
-# array's id (array_id of every task). Its dependencies are read in the statement's snapshot
-# (schema.sql, dependency_states); it stores nothing when one does not exist (its answer is then
-# empty and no key is kept: the caller names the missing ids). A task is waiting while a
-# dependency has not succeeded, or while it is beyond its array's limit (its position k from 1
-# above the limit); else pending. Answer: one row, id (the job's, or the array's) and tasks (how
-# many rows).
+# last index, $19 its limit (0: none), $20 its owner (the caller's account); then the audit's, the
+# idempotency key and the request's sha256 (see once). One job, or one row per task of an array:
+# the first task's id is drawn first and is the array's id (array_id of every task). Its
+# dependencies are read in the statement's snapshot (schema.sql, dependency_states); it stores
+# nothing when one does not exist (its answer is then empty and no key is kept: the caller names
+# the missing ids). A task is waiting while a dependency has not succeeded, or while it is beyond
+# its array's limit (its position k from 1 above the limit); else pending. Answer: one row, id
+# (the job's, or the array's) and tasks (how many rows).
 SUBMIT_JOB = once(
     "submit_job",
     """
 SELECT min(id) AS id, count(*) AS tasks FROM inserted HAVING count(*) > 0
 """,
-    params=19,
+    params=20,
+    action="submit",
     steps="""deps AS (
     SELECT (SELECT count(*) FROM jobs d WHERE d.id = ANY($16::bigint[])) = cardinality($16::bigint[])
                AS all_exist,
@@ -88,7 +105,7 @@ inserted AS (
     INSERT INTO jobs (id, name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
                       max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env,
                       workdir, after_ids, array_id, array_index, array_max_running, state, reason,
-                      pending_seq)
+                      pending_seq, owner)
     SELECT CASE WHEN t.k = 1 THEN f.id ELSE nextval('jobs_id_seq') END,
            $1::text, $2::int, $3::int, $4::int, $5::text, $6::bigint, $7::text[], $8::text,
            $9::int, $10::bigint, $11::boolean, $12::bigint, $13::jsonb, $14::jsonb, $15::text,
@@ -103,7 +120,7 @@ inserted AS (
                 WHEN coalesce($19::int, 0) > 0 AND t.k > $19::int
                 THEN 'array limit: ' || $19::int || ' running'
                 ELSE '' END,
-           nextval('pending_seq')
+           nextval('pending_seq'), $20::text
       FROM first f, deps, tasks t
      ORDER BY t.k
  RETURNING id
@@ -113,16 +130,17 @@ inserted AS (
 # $1 names, $2 cpu_millis, $3 memory_mb, $4 priorities, $5 runtimes, $6 sleep_ms, $7 argv as
 # JSON arrays (NULL for sleep jobs), $8 images (NULL but for container jobs), $9 max_attempts,
 # $10 retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON), $14 env (JSON),
-# $15 workdir, $16 after_ids (JSON arrays); then the idempotency key and the request's sha256
-# (see once). One statement: all jobs or none; none when a job names a dependency that does not
-# exist (already: a job of the batch cannot name another). A job waits as SUBMIT_JOB's (a batch
-# holds no array). Answer rows: id, one per job, drawn in order.
+# $15 workdir, $16 after_ids (JSON arrays), $17 their owner (the caller's account); then the
+# audit's, the idempotency key and the request's sha256 (see once). One statement: all jobs or none; none
+# when a job names a dependency that does not exist (already: a job of the batch cannot name
+# another). A job waits as SUBMIT_JOB's (a batch holds no array). Answer rows: id, one per job,
+# drawn in order.
 SUBMIT_JOBS = once(
     "submit_jobs",
     """
 INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
                   max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env, workdir,
-                  after_ids, state, reason, pending_seq)
+                  after_ids, state, reason, pending_seq, owner)
 SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
        CASE WHEN t.argv IS NULL THEN NULL
             ELSE ARRAY(SELECT jsonb_array_elements_text(t.argv::jsonb)) END,
@@ -131,13 +149,14 @@ SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
        CASE WHEN cardinality(d.unfinished) > 0 THEN 'waiting' ELSE 'pending' END,
        CASE WHEN cardinality(d.unfinished) > 0
             THEN 'waiting for job ' || array_to_string(d.unfinished, ', ') ELSE '' END,
-       nextval('pending_seq')
+       nextval('pending_seq'), $17::text
   FROM batch t JOIN deps d ON d.n = t.n, fresh
  WHERE NOT EXISTS (SELECT FROM deps WHERE NOT deps.all_exist)
  ORDER BY t.n
 RETURNING id
 """,
-    params=16,
+    params=17,
+    action="submit",
     steps="""batch AS (
     SELECT t.*, ARRAY(SELECT jsonb_array_elements_text(t.after_ids::jsonb)::bigint) AS after
       FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[], $6::bigint[], $7::text[],
@@ -161,8 +180,9 @@ SELECT coalesce(array_agg(i ORDER BY i), '{}') FROM unnest($1::bigint[]) AS i
  WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE id = i)
 """
 
-# $1 job id, $2 only this job (not the array it is the id of); then the idempotency key and the
-# request's sha256 (see once). The job, or, when $1 is an array's id and $2 is false, every task
+# $1 job id, $2 only this job (not the array it is the id of), $3 the only owner whose jobs it
+# may cancel (NULL: any; another's job is as no job); then the audit's, the idempotency key and
+# the request's sha256 (see once). The job, or, when $1 is an array's id and $2 is false, every task
 # of the array that has not ended (an array's id is its first task's). Pending or waiting:
 # cancelled at once. Assigned or running: the leader cancels it on its worker and ends the
 # assignment (a fenced write). A job that has ended is left as it is, but answered (a job of its
@@ -181,10 +201,12 @@ SELECT $1::bigint AS id,
   FROM cancelled
 HAVING count(*) > 0
 """,
-    params=2,
+    params=3,
+    action="cancel",
     steps="""targets AS (
     SELECT id, state AS was FROM jobs
      WHERE EXISTS (SELECT FROM fresh)
+       AND ($3::text IS NULL OR owner = $3::text)
        AND (id = $1::bigint
             OR (NOT $2::boolean AND array_id = $1::bigint
                 AND state IN ('waiting', 'pending', 'assigned', 'running')))
@@ -486,9 +508,9 @@ RETURNING id, cordoned_at IS NOT NULL AS cordoned, drain_requested_at IS NOT NUL
             WHERE a.worker_id = workers.id AND a.state = 'active') AS job_ids
 """
 
-# $1 worker id; then the idempotency key and the request's sha256 (see once). No new placement
-# on the worker from now on (schema.sql, workers.cordoned_at); a cordon already there is kept
-# with its time. Answer rows: _WORKER_SCHEDULE (none: no such worker).
+# $1 worker id; then the audit's, the idempotency key and the request's sha256 (see once). No new
+# placement on the worker from now on (schema.sql, workers.cordoned_at); a cordon already there is
+# kept with its time. Answer rows: _WORKER_SCHEDULE (none: no such worker).
 CORDON_WORKER = once(
     "cordon_worker",
     """
@@ -497,12 +519,14 @@ UPDATE workers SET cordoned_at = coalesce(cordoned_at, now())
 """
     + _WORKER_SCHEDULE,
     params=1,
+    action="cordon",
 )
 
-# $1 worker id; then the key and the sha256. Ends the cordon and any drain (jobs a drain already
-# stopped stay requeued), and clears a mark of the worker as unhealthy (schema.sql, worker
-# health): its runs until now are not judged again, and the leader's judgement of the version
-# before is not written (health_version). Answer rows: _WORKER_SCHEDULE (none: no such worker).
+# $1 worker id; then the audit's, the key and the sha256. Ends the cordon and any drain (jobs a
+# drain already stopped stay requeued), and clears a mark of the worker as unhealthy (schema.sql,
+# worker health): its runs until now are not judged again, and the leader's judgement of the
+# version before is not written (health_version). Answer rows: _WORKER_SCHEDULE (none: no such
+# worker).
 UNCORDON_WORKER = once(
     "uncordon_worker",
     """
@@ -515,11 +539,12 @@ UPDATE workers SET cordoned_at = NULL, drain_requested_at = NULL, drain_deadline
 """
     + _WORKER_SCHEDULE,
     params=1,
+    action="uncordon",
 )
 
-# $1 worker id, $2 deadline (seconds from now, database time; NULL: none); then the key and the
-# sha256. Cordons the worker and asks for its drain; a new drain replaces the deadline of one
-# in progress. Answer rows: _WORKER_SCHEDULE (none: no such worker).
+# $1 worker id, $2 deadline (seconds from now, database time; NULL: none); then the audit's, the
+# key and the sha256. Cordons the worker and asks for its drain; a new drain replaces the deadline
+# of one in progress. Answer rows: _WORKER_SCHEDULE (none: no such worker).
 DRAIN_WORKER = once(
     "drain_worker",
     """
@@ -531,4 +556,5 @@ UPDATE workers
 """
     + _WORKER_SCHEDULE,
     params=2,
+    action="drain",
 )

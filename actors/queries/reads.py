@@ -16,7 +16,7 @@ SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_m
        extract(epoch FROM j.submitted_at)::float8 AS submitted_unix_s,
        extract(epoch FROM j.started_at)::float8 AS started_unix_s,
        extract(epoch FROM j.finished_at)::float8 AS finished_unix_s,
-       j.stdout_path, j.stderr_path, j.detail,
+       j.stdout_path, j.stderr_path, j.detail, j.owner,
        a.id AS assignment_id, a.worker_id, a.epoch, r.array_first, r.array_last,
        extract(epoch FROM now())::float8 AS read_unix_s
   FROM jobs j
@@ -32,7 +32,8 @@ SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_m
   ) r ON j.array_id = j.id
 """
 
-GET_JOB = _JOB_INFO + " WHERE j.id = $1"
+# $1 job id, $2 the only owner whose job it reads (NULL: any; another's job is as no job).
+GET_JOB = _JOB_INFO + " WHERE j.id = $1 AND ($2::text IS NULL OR j.owner = $2::text)"
 
 # $1 array id. How many of the array's tasks are in each state.
 ARRAY_COUNTS = """
@@ -48,19 +49,20 @@ SELECT id, worker_id, epoch, state, coalesce(end_reason, '') AS end_reason, exit
   FROM assignments WHERE job_id = $1 ORDER BY id
 """
 
-# $1 job id. The job's history (GetJobEvents), rebuilt from what the tables keep (docs/design.md,
-# "A job's history", says where each event comes from), in time order (database time; ties, as in
-# one transaction, in the order the transaction did them): one row per event, none when there is
-# no such job. Columns: kind (submitted, waiting, cancel_requested, placed, confirmed, worker_dead,
-# ended, requeued, final), at_unix_s, assignment_id, worker_id, incarnation, epoch (and leader, the
-# holder of that epoch in lease_history), state, reason, outcome, exit_code, detail,
-# not_before_unix_s (NULL where they do not apply), and job_state (the job's state now, on every
-# row). Reads the job's row and its assignments (index assignments_by_job), one worker_deaths
-# probe per assignment ended by a death and one lease_history probe per event: a read of a few
-# rows, on any replica, that writes nothing and adds nothing to the hot paths.
+# $1 job id, $2 the only owner whose job it reads (NULL: any). The job's history (GetJobEvents),
+# rebuilt from what the tables keep (docs/design.md, "A job's history", says where each event
+# comes from), in time order (database time; ties, as in one transaction, in the order the
+# transaction did them): one row per event, none when there is no such job. Columns: kind
+# (submitted, waiting, cancel_requested, placed, confirmed, worker_dead, ended, requeued, final),
+# at_unix_s, assignment_id, worker_id, incarnation, epoch (and leader, the holder of that epoch in
+# lease_history), state, reason, outcome, exit_code, detail, not_before_unix_s (NULL where they do
+# not apply), and job_state (the job's state now, on every row). Reads the job's row and its
+# assignments (index assignments_by_job), one worker_deaths probe per assignment ended by a death
+# and one lease_history probe per event: a read of a few rows, on any replica, that writes nothing
+# and adds nothing to the hot paths.
 JOB_EVENTS = """
 WITH j AS (
-    SELECT * FROM jobs WHERE id = $1
+    SELECT * FROM jobs WHERE id = $1 AND ($2::text IS NULL OR owner = $2::text)
 ),
 runs AS (
     SELECT a.*,
@@ -140,7 +142,8 @@ SELECT e.kind, extract(epoch FROM e.at)::float8 AS at_unix_s, e.assignment_id, e
  ORDER BY e.at, e.rank, e.assignment_id
 """
 
-# $1 job id, $2 an assignment id (0: any). What ReadJobLogs reads (actors/logs.py): the job's
+# $1 job id, $2 an assignment id (0: any), $3 the only owner whose job it reads (NULL: any; no
+# row for another's). What ReadJobLogs reads (actors/logs.py): the job's
 # runtime, state and reason; its newest run that started (a heartbeat listed it as running, or
 # its worker reported its outcome), that is $2 when $2 is not 0, with that worker's address and
 # state (alive, dead, left); and the worker of its active run when that has not started yet. No
@@ -158,11 +161,31 @@ SELECT j.runtime, j.state, j.reason,
        ORDER BY id DESC LIMIT 1
   ) a ON true
   LEFT JOIN workers w ON w.id = a.worker_id
- WHERE j.id = $1
+ WHERE j.id = $1 AND ($3::text IS NULL OR j.owner = $3::text)
 """
 
-# $1 state ('' for any), $2 limit. Newest first.
-LIST_JOBS = _JOB_INFO + " WHERE ($1 = '' OR j.state = $1) ORDER BY j.id DESC LIMIT $2"
+# $1 state ('' for any), $2 limit, $3 the only owner whose jobs it lists (NULL: any; index
+# jobs_by_owner). Newest first.
+LIST_JOBS = (
+    _JOB_INFO
+    + " WHERE ($1 = '' OR j.state = $1) AND ($3::text IS NULL OR j.owner = $3::text)"
+    + " ORDER BY j.id DESC LIMIT $2"
+)
+
+# ---------------------------------------------------------------- the audit trail
+
+# $1 the only account (NULL: any), $2 the only action ('' any), $3 only rows of the last $3
+# seconds of database time (NULL: all), $4 limit. Newest first (index audit_log_by_account when
+# $1 is given).
+LIST_AUDIT = """
+SELECT id, extract(epoch FROM at)::float8 AS at_unix_s, role, actor_id, account, address, action,
+       target_ids::text AS target_ids_json, arguments::text AS arguments_json
+  FROM audit_log
+ WHERE ($1::text IS NULL OR account = $1::text)
+   AND ($2::text = '' OR action = $2::text)
+   AND ($3::float8 IS NULL OR at >= now() - make_interval(secs => $3::float8))
+ ORDER BY id DESC LIMIT $4
+"""
 
 # ---------------------------------------------------------------- status
 

@@ -38,6 +38,8 @@ def _cert_dir(option: Path | None) -> Path:
 
 def _issued_line(done: IssuedCert) -> str:
     who = "cluster CA" if done.identity is None else f"{done.identity.role} {done.identity.id}"
+    if done.identity is not None and done.identity.account is not None:
+        who += f" (account {done.identity.account})"
     if done.identity is not None and done.identity.workers:
         who += f" (fleet certificate for {len(done.identity.workers)} workers)"
     return (
@@ -63,8 +65,8 @@ def certs_init(directory: DirOption = None) -> None:
 
 @certs_app.command("issue")
 def certs_issue(
-    role: Annotated[str, typer.Option(help="control-plane, worker, database, operator or viewer.")],
-    id: Annotated[str, typer.Option("--id", help="The holder's id, e.g. w-7.")],
+    role: Annotated[str, typer.Option(help="control-plane, worker, database, operator, viewer or user.")],
+    id: Annotated[str, typer.Option("--id", help="The holder's id, e.g. w-7; a user's is its account.")],
     host: Annotated[
         list[str] | None,
         typer.Option("--host", help="An IP address or host name it serves on (repeatable; servers only)."),
@@ -76,17 +78,24 @@ def certs_issue(
             "may speak for to the control planes (role worker; a client certificate only)."
         ),
     ] = "",
+    account: Annotated[
+        str | None,
+        typer.Option(help="A viewer that reads only this account's jobs and audit rows (role viewer only)."),
+    ] = None,
     directory: DirOption = None,
 ) -> None:
     """Issue a certificate and key for one control plane, worker or client, signed by the CA.
 
-    With --workers, a fleet's client certificate naming every worker it hosts."""
+    With --workers, a fleet's client certificate naming every worker it hosts; --role user
+    --id alice, the account alice's; --role viewer --account alice, a viewer of alice's jobs."""
     from ops.certs import CertificateAuthorityMissing, CertificateExists, NotAStockadeCertificate, issue
     from runtime.tls import KeyFileExposed
 
     try:
         worker_ids = [w.strip() for w in workers.split(",") if w.strip()]
-        done = issue(_cert_dir(directory), role=role, id=id, hosts=host or (), workers=worker_ids)
+        done = issue(
+            _cert_dir(directory), role=role, id=id, hosts=host or (), workers=worker_ids, account=account
+        )
     except (InvalidArgument, CertificateAuthorityMissing, CertificateExists) as exc:
         fail(str(exc), EXIT_INVALID)
     except (KeyFileExposed, NotAStockadeCertificate) as exc:
@@ -111,6 +120,7 @@ def certs_show(file: Annotated[Path, typer.Argument(help="A PEM certificate.", s
         ("issuer", info.issuer),
         ("role", role),
         ("id", info.identity.id if info.identity else "-"),
+        ("account", (info.identity.scope if info.identity else None) or "-"),
         ("uris", ", ".join(info.uris) or "-"),
         ("dns names", ", ".join(info.dns_names) or "-"),
         ("ip addresses", ", ".join(info.ip_addresses) or "-"),

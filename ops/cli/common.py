@@ -85,6 +85,8 @@ def err_console() -> Console:
     return _console(stderr=True)
 
 
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON with stable keys instead.")]
+
 ControlPlanesOption = Annotated[
     str | None,
     typer.Option(

@@ -81,8 +81,9 @@ def console_command(
 ) -> None:
     """Print the URL of each control plane's web console with a login token.
 
-    The token is signed with your client certificate's key (an operator or viewer certificate
-    of the cluster CA, as other client commands present) and lets whoever holds the URL read
+    The token is signed with your client certificate's key (an operator, viewer or user
+    certificate of the cluster CA, as other client commands present; a user, or a viewer scoped
+    to an account, sees that account's jobs only) and lets whoever holds the URL read
     the console until it expires: open it in your browser, do not share it. Without TLS
     (--insecure) the consoles need no login and listen on 127.0.0.1 only."""
     from runtime.console_token import TokenRefused, make_token

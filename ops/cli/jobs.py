@@ -21,6 +21,7 @@ from ops.cli.common import (
     EXIT_TOO_LATE,
     ControlPlanesOption,
     IdempotencyKeyOption,
+    JsonOption,
     answer_unknown,
     batch_keys,
     console,
@@ -334,9 +335,6 @@ def _placed_in_file(
     return JobFileError(where(index, "after"), text, field="after", value=specs[index].after)
 
 
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON with stable keys instead.")]
-
-
 @app.command("job")
 def job(
     job_id: Annotated[int, typer.Argument(help="The job's id.")],
@@ -426,17 +424,29 @@ def list_jobs(
             help="At most this many jobs, newest first (0: 100, as the API counts it).",
         ),
     ] = 50,
+    account: Annotated[
+        str | None,
+        typer.Option(
+            help="Only this account's jobs (operators and viewers; a user sees its own only).",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOption = False,
     control_planes: ControlPlanesOption = None,
 ) -> None:
-    """List jobs in a table, newest first.
+    """List jobs in a table, newest first, with the account that owns each.
 
     --json prints {"jobs": [...]}, each job the object `stockade job --json` prints.
     """
     with errors():
         validation.check_list(state or "", limit)
+        if account is not None:
+            from runtime.identifiers import check_id
+
+            check_id(account, field="account")
         jobs = with_client(
-            control_plane_addresses(control_planes), lambda client: client.list(state=state, limit=limit)
+            control_plane_addresses(control_planes),
+            lambda client: client.list(state=state, limit=limit, account=account),
         )
     if as_json:
         from ops.cli.render import list_json

@@ -16,7 +16,7 @@ from rich.text import Text
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ops.client.results import Attempt, ClusterStatus, Job, Worker
+    from ops.client.results import Attempt, AuditEntry, ClusterStatus, Job, Worker
     from runtime.jobs import JobSpec
 
 
@@ -249,7 +249,8 @@ def job_status_json(info: Job) -> dict[str, Any]:
     (attempts spent), ``exit_code``, ``submitted_unix_s``, ``started_unix_s``,
     ``finished_unix_s`` and ``not_before_unix_s`` (Unix seconds, or null), ``array_id`` and
     ``array_index`` (or null), ``array_counts`` (tasks by state), ``attempt_history`` (oldest
-    first, :func:`attempt_json`), ``stdout_path`` and ``stderr_path`` (or null).
+    first, :func:`attempt_json`), ``stdout_path`` and ``stderr_path`` (or null), ``owner`` (the
+    account that submitted it, or null).
     """
     return {
         "job_id": info.job_id,
@@ -271,6 +272,7 @@ def job_status_json(info: Job) -> dict[str, Any]:
         "attempt_history": [attempt_json(a) for a in info.attempt_history],
         "stdout_path": info.stdout_path,
         "stderr_path": info.stderr_path,
+        "owner": info.owner,
     }
 
 
@@ -319,6 +321,7 @@ def print_jobs(jobs: tuple[Job, ...]) -> None:
     table = Table(box=rich.box.SIMPLE_HEAD, padding=(0, 1))
     table.add_column("job", justify="right", no_wrap=True)
     table.add_column("name", no_wrap=True, max_width=20)
+    table.add_column("owner", no_wrap=True, max_width=16)
     table.add_column("state", no_wrap=True)
     table.add_column("cpu", justify="right", no_wrap=True)
     table.add_column("MiB", justify="right", no_wrap=True)
@@ -332,6 +335,7 @@ def print_jobs(jobs: tuple[Job, ...]) -> None:
         table.add_row(
             str(info.job_id),
             Text(task_name(spec.name, info.array_index)) if spec else "-",
+            Text(info.owner or "-"),
             info.state,
             str(spec.cpu_millis) if spec else "-",
             str(spec.memory_mb) if spec else "-",
@@ -365,3 +369,50 @@ def array_cancel_verdict(array_id: int, tasks: int, job: Job | None) -> str:
     if job is not None and not still:
         return f"array {array_id}: {tasks} tasks cancelled"
     return f"array {array_id}: cancelling {tasks} tasks" + (f" ({still} not ended yet)" if still else "")
+
+
+def audit_json(entries: Sequence[AuditEntry]) -> dict[str, Any]:
+    """``stockade audit --json``: ``{"entries": [...]}``, newest first, each with ``id``,
+    ``at_unix_s``, ``role``, ``actor_id``, ``account``, ``address``, ``action``, ``target_ids``
+    and ``arguments``."""
+    keys = ("id", "at_unix_s", "role", "actor_id", "account", "address", "action")
+    return {
+        "entries": [
+            {
+                **{key: getattr(e, key) for key in keys},
+                "target_ids": list(e.target_ids),
+                "arguments": e.arguments,
+            }
+            for e in entries
+        ]
+    }
+
+
+def print_audit(entries: Sequence[AuditEntry]) -> None:
+    """``stockade audit``'s table, one change a row, newest first, and how many there are; the
+    account a caller acted as is shown only where it is not its id (today it always is)."""
+    import json
+
+    from ops.cli.common import console
+
+    table = Table(box=rich.box.SIMPLE_HEAD, padding=(0, 1))
+    table.add_column("id", justify="right", no_wrap=True)
+    table.add_column("at", no_wrap=True)
+    table.add_column("who", no_wrap=True, max_width=24)
+    table.add_column("from", no_wrap=True)
+    table.add_column("action", no_wrap=True)
+    table.add_column("targets", overflow="fold", max_width=24)
+    table.add_column("arguments", overflow="fold")
+    for e in entries:
+        targets = ", ".join(str(t) for t in e.target_ids[:10]) + (" ..." if len(e.target_ids) > 10 else "")
+        table.add_row(
+            str(e.id),
+            local_time(e.at_unix_s),
+            Text(f"{e.role}/{e.actor_id}" + ("" if e.account == e.actor_id else f" as {e.account}")),
+            Text(e.address),
+            e.action,
+            Text(targets or "-"),
+            Text(" ".join(f"{k}={json.dumps(v)}" for k, v in sorted(e.arguments.items())) or "-"),
+        )
+    console().print(table)
+    console().print(f"{len(entries)} row{'' if len(entries) == 1 else 's'}")

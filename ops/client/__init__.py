@@ -14,6 +14,7 @@ from ops.client.core import Client
 from ops.client.errors import JobNotFound, WaitTimedOut, WorkerNotFound
 from ops.client.results import (
     Attempt,
+    AuditEntry,
     CancelOutcome,
     ClusterStatus,
     ControlPlane,
@@ -49,6 +50,7 @@ __all__ = [
     "AsyncioClient",
     "AsyncioLogStream",
     "Attempt",
+    "AuditEntry",
     "CancelOutcome",
     "Client",
     "ClientSettings",

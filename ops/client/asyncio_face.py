@@ -14,7 +14,15 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from ops.client.core import Client
-from ops.client.results import CancelOutcome, ClusterStatus, Job, JobHistory, LogChunk, WorkerSchedule
+from ops.client.results import (
+    AuditEntry,
+    CancelOutcome,
+    ClusterStatus,
+    Job,
+    JobHistory,
+    LogChunk,
+    WorkerSchedule,
+)
 from ops.client.settings import ClientSettings
 from ops.client.streams import ChunkStream, LogStream
 from runtime.aio.guest import TrioPortal, open_portal
@@ -124,13 +132,32 @@ class AsyncioClient:
             self._client.cancel, job_id, only_this_task=only_this_task, idempotency_key=idempotency_key
         )
 
-    async def list(self, *, state: str | None = None, limit: int = 100) -> tuple[Job, ...]:
+    async def list(
+        self, *, state: str | None = None, limit: int = 100, account: str | None = None
+    ) -> tuple[Job, ...]:
         """The newest jobs, newest first (at most ``limit``, 0: 100). As :meth:`Client.list`.
 
         Raises:
             the errors of :meth:`Client.list`.
         """
-        return await self._run(self._client.list, state=state, limit=limit)
+        return await self._run(self._client.list, state=state, limit=limit, account=account)
+
+    async def audit(
+        self,
+        *,
+        account: str | None = None,
+        action: str | None = None,
+        since_s: float | None = None,
+        limit: int = 100,
+    ) -> tuple[AuditEntry, ...]:
+        """The audit trail, newest first. As :meth:`Client.audit`.
+
+        Raises:
+            the errors of :meth:`Client.audit`.
+        """
+        return await self._run(
+            self._client.audit, account=account, action=action, since_s=since_s, limit=limit
+        )
 
     async def status(self) -> ClusterStatus:
         """The cluster at a glance. As :meth:`Client.status`.

@@ -17,11 +17,13 @@ import trio
 
 from ops.client.errors import JobNotFound, WaitTimedOut, WorkerNotFound, raised_as
 from ops.client.results import (
+    AuditEntry,
     CancelOutcome,
     ClusterStatus,
     Job,
     JobHistory,
     WorkerSchedule,
+    audit_from_pb,
     cancel_from_pb,
     history_from_pb,
     job_from_pb,
@@ -68,6 +70,13 @@ def _check_job_id(job_id: int, field: str = "job_id") -> int:
     if isinstance(job_id, bool) or not isinstance(job_id, int):
         raise InvalidArgument(field, job_id, "must be an integer")
     return validation.check_job_id(job_id)
+
+
+def _check_account(account: str | None) -> None:
+    if account is not None:
+        from runtime.identifiers import check_id
+
+        check_id(account, field="account")
 
 
 def _is_int_in(value: object, low: int, high: int) -> bool:
@@ -319,17 +328,24 @@ class Client:
             reply: pb.CancelJobReply = await self._cp.call("cancel_job", request)
         return cancel_from_pb(job_id, reply)
 
-    async def list(self, *, state: str | None = None, limit: int = 100) -> tuple[Job, ...]:
+    async def list(
+        self, *, state: str | None = None, limit: int = 100, account: str | None = None
+    ) -> tuple[Job, ...]:
         """The newest jobs, newest first.
 
         Args:
             state: only jobs in this state (``waiting``, ``pending``, ``assigned``,
                 ``running``, ``succeeded``, ``failed``, ``cancelled``); None: every state.
             limit: at most this many jobs, 0 to 10,000 (0: 100).
+            account: only this account's jobs; None: every account this client may see (a
+                user's certificate sees its own only).
 
         Raises:
-            InvalidArgument: an unknown state or a limit out of range; nothing was sent.
-            NoControlPlaneReachable, ClusterBusy, PermissionDenied: as :meth:`submit`.
+            InvalidArgument: an unknown state, a limit out of range or an account that breaks
+                the id rules; nothing was sent.
+            PermissionDenied: a user's certificate (or a viewer's scoped to an account) asked
+                for another account.
+            NoControlPlaneReachable, ClusterBusy: as :meth:`submit`.
         """
         from protocol import pb
 
@@ -338,10 +354,53 @@ class Client:
                 "limit", limit, f"must be an integer between 0 and {validation.MAX_LIST_LIMIT}"
             )
         validation.check_list(state or "", limit)
-        reply: pb.ListJobsReply = await self._cp.call(
-            "list_jobs", pb.ListJobsRequest(state=state or "", limit=limit)
-        )
+        _check_account(account)
+        request = pb.ListJobsRequest(state=state or "", limit=limit, account=account or "")
+        reply: pb.ListJobsReply = await self._cp.call("list_jobs", request)
         return tuple(job_from_pb(info) for info in reply.jobs)
+
+    async def audit(
+        self,
+        *,
+        account: str | None = None,
+        action: str | None = None,
+        since_s: float | None = None,
+        limit: int = 100,
+    ) -> tuple[AuditEntry, ...]:
+        """The audit trail, newest first: who changed what, when and from where
+        (docs/accounts.md).
+
+        Args:
+            account: only this account's rows; None: every account this client may see (a
+                user's certificate sees its own rows only).
+            action: only this action (``submit``, ``cancel``, ``drain``, ``cordon``,
+                ``uncordon``); None: every action.
+            since_s: only rows of the last ``since_s`` seconds (database time); None: all.
+            limit: at most this many rows, 0 to 10,000 (0: 100).
+
+        Raises:
+            InvalidArgument: an unknown action, a negative or infinite ``since_s``, a limit out
+                of range or an account that breaks the id rules; nothing was sent.
+            PermissionDenied: the certificate may not read the audit trail, or not that account.
+            NoControlPlaneReachable, ClusterBusy: as :meth:`submit`.
+        """
+        from protocol import pb
+
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise InvalidArgument(
+                "limit", limit, f"must be an integer between 0 and {validation.MAX_LIST_LIMIT}"
+            )
+        validation.check_audit_query(action or "", since_s, limit)
+        _check_account(account)
+        request = pb.ListAuditRequest(
+            account=account or "",
+            action=action or "",
+            has_since_s=since_s is not None,
+            since_s=since_s or 0.0,
+            limit=limit,
+        )
+        reply: pb.ListAuditReply = await self._cp.call("list_audit", request)
+        return tuple(audit_from_pb(entry) for entry in reply.entries)
 
     async def status(self) -> ClusterStatus:
         """The leader and its epoch, the control planes, every worker with its load, the job

@@ -100,6 +100,8 @@ class Job:
     read_unix_s: float | None = None
     """When the cluster read it (database time; a backoff has ``not_before_unix_s`` minus this
     left, whatever this machine's clock says); None when the control plane did not say."""
+    owner: str | None = None
+    """The account that submitted it (docs/accounts.md); None when the control plane did not say."""
 
     @property
     def ended(self) -> bool:
@@ -296,6 +298,29 @@ class WorkerSchedule:
 
 
 @attrs.frozen(kw_only=True)
+class AuditEntry:
+    """One change in the audit trail (``Client.audit``; docs/accounts.md)."""
+
+    id: int
+    at_unix_s: float
+    """When it was made (the database's time of its transaction)."""
+    role: str
+    """Who: the caller's certificate role (``plaintext`` on a server run with ``--insecure``)."""
+    actor_id: str
+    """Its certificate's id (``anonymous`` without TLS)."""
+    account: str
+    """The account it acted as (the owner of the jobs it submitted)."""
+    address: str
+    """The peer address (``host:port``) the control plane saw."""
+    action: str
+    """``submit``, ``cancel``, ``drain``, ``cordon`` or ``uncordon``."""
+    target_ids: tuple[int | str, ...]
+    """What it changed: job ids (an array's id for an array), or a worker id."""
+    arguments: dict[str, Any]
+    """Its key arguments (``{"only_this_task": false}``, ``{"deadline_s": 60.0}``...)."""
+
+
+@attrs.frozen(kw_only=True)
 class LogChunk:
     """A piece of a job's output (``Client.logs``), in order, as the job wrote it."""
 
@@ -370,6 +395,15 @@ def job_from_pb(message: pb.JobInfo) -> Job:
         array_counts=tuple((c.state, int(c.count)) for c in message.array_counts),
         attempt_history=tuple(attempt_from_pb(a) for a in message.attempt_history),
     )
+
+
+def audit_from_pb(message: pb.AuditEntry) -> AuditEntry:
+    """An ``AuditEntry`` message as an :class:`AuditEntry`."""
+    import json
+
+    targets = json.loads(message.target_ids_json or "[]")
+    arguments = json.loads(message.arguments_json or "{}")
+    return _from_pb(AuditEntry, message, target_ids=tuple(targets), arguments=arguments)
 
 
 def history_from_pb(message: pb.GetJobEventsReply) -> JobHistory:

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runtime.aio.bridge import asyncio_bridge, asyncio_bridge_open, run_aio, run_trio
-    from runtime.aio.grpc_access import Caller, refuse, require_worker, rpc_caller
+    from runtime.aio.grpc_access import (
+        Caller,
+        audit_params,
+        refuse,
+        require_worker,
+        rpc_caller,
+        visible_account,
+    )
     from runtime.aio.grpc_client import GrpcChannel, StreamLimits
     from runtime.aio.grpc_server import (
         Send,
@@ -35,7 +42,7 @@ _NAMES_OF: dict[str, tuple[str, ...]] = {
     "bridge": ("asyncio_bridge", "asyncio_bridge_open", "run_aio", "run_trio"),
     "pg": ("PgConnection",),
     "pg_reconnect": ("PgPool", "ReadStore", "ReconnectingConnection"),
-    "grpc_access": ("Caller", "refuse", "require_worker", "rpc_caller"),
+    "grpc_access": ("Caller", "audit_params", "refuse", "require_worker", "rpc_caller", "visible_account"),
     "grpc_server": (
         "Send",
         "WireCodec",
@@ -65,6 +72,7 @@ __all__ = [
     "WireCodec",
     "asyncio_bridge",
     "asyncio_bridge_open",
+    "audit_params",
     "finish_despite_cancel",
     "open_portal",
     "refuse",
@@ -76,6 +84,7 @@ __all__ = [
     "serve_grpc",
     "takes_encoded_request",
     "trio_service",
+    "visible_account",
 ]
 
 

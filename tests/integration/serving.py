@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from ssl import SSLContext
 
 import trio
@@ -13,7 +14,7 @@ from actors.ingest import Ingest
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
 from runtime.settings.control_plane import IngestSettings
-from runtime.tls import ClientTls
+from runtime.tls import ClientTls, TlsFiles, server_context
 
 HOLD_LEASE = "UPDATE lease SET holder = 'cp-1', epoch = $1, expires_at = now() + interval '1 hour'"
 """cp-1 holds the lease at epoch $1 for an hour: the test plays the leader under that epoch."""
@@ -51,6 +52,16 @@ async def serve_ingests(
             started.append(ingest)
         yield started
         nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def mtls_control_plane(database_url: str, certs: Path) -> AsyncIterator[str]:
+    """One ingest (cp-1, a small pool) serving mutual TLS with cp-1's certificate in ``certs``;
+    yields its address."""
+    settings = IngestSettings(pool_size=2, liveness_reserved_connections=1)
+    tls = server_context(TlsFiles.in_dir(certs, "cp-1"))
+    async with serve_ingests(database_url, "cp-1", settings=settings, tls=tls) as (ingest,):
+        yield ingest.address
 
 
 @asynccontextmanager

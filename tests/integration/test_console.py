@@ -22,7 +22,7 @@ import trio
 from seeding import insert_job
 
 from actors.console import Console, console_url
-from ops.certs import init_cluster
+from ops.certs import init_cluster, issue
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.console_token import make_token
 from runtime.settings.control_plane import ConsoleSettings
@@ -319,6 +319,38 @@ async def test_over_https_a_part_needs_a_valid_login_token(database_url: str, ce
     # The page itself carries no data and needs no token: its script asks for the part.
     assert shell[0] == 200 and "cp-1" in shell[2] and "echo" not in shell[2]
     assert "script-src 'self'" in shell[1]["content-security-policy"]
+
+
+async def test_a_user_and_a_scoped_viewer_see_only_their_accounts_jobs(
+    database_url: str, certs: Path
+) -> None:
+    """alice's token (a user's) and v-alice's (a viewer of alice's account) list alice's job only
+    and find bob's job a 404 page; the viewer of every account lists both, with their owners."""
+    issue(certs, role="user", id="alice")
+    issue(certs, role="viewer", id="v-alice", account="alice")
+    async with asyncio_bridge():
+        db = await PgConnection.connect(database_url)
+        try:
+            alices = await _seed(db)
+            bobs = await insert_job(db, "bobs-job", 500, 256, 0, "command", None, ["echo", "bob"])
+            await db.execute("UPDATE jobs SET owner = CASE WHEN id = $1 THEN 'alice' ELSE 'bob' END", alices)
+        finally:
+            await db.close()
+
+    def bearer(id: str) -> dict[str, str]:
+        token = make_token(TlsFiles.in_dir(certs, id), now_unix_s=time.time(), lifetime_s=600)
+        return {"Authorization": f"Bearer {token}"}
+
+    async with console_on(database_url, tls=TlsFiles.in_dir(certs, "cp-1")) as console:
+        seen = {id: await get(console, "/part/jobs", bearer(id)) for id in ("alice", "v-alice", "viewer")}
+        bobs_page = {id: await get(console, f"/part/jobs/{bobs}", bearer(id)) for id in ("alice", "v-alice")}
+        own_page = await get(console, f"/part/jobs/{alices}", bearer("alice"))
+    for id in ("alice", "v-alice"):
+        assert seen[id][0] == 200
+        assert f'data-id="{alices}"' in seen[id][2] and f'data-id="{bobs}"' not in seen[id][2]
+        assert bobs_page[id][0] == 404
+    assert f'data-id="{bobs}"' in seen["viewer"][2] and '<td class="owner">bob</td>' in seen["viewer"][2]
+    assert own_page[0] == 200 and '<dd id="job-owner">alice</dd>' in own_page[2]
 
 
 async def test_parts_answer_cross_origin_requests_only_from_the_clusters_consoles(

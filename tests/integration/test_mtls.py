@@ -18,7 +18,7 @@ import psutil
 import pytest
 import structlog.testing
 import trio
-from serving import serve_ingests
+from serving import mtls_control_plane
 from typer.testing import CliRunner
 
 from actors.dispatcher import GrpcWorkerCalls
@@ -42,7 +42,6 @@ from runtime.errors import HandshakeRefused, InvalidArgument, NotFound, Permissi
 from runtime.idempotency_keys import with_idempotency_key
 from runtime.metrics import AUTH_REFUSALS
 from runtime.settings.agent import AgentSettings
-from runtime.settings.control_plane import IngestSettings
 from runtime.text import read_jsonl
 from runtime.tls import (
     ANY_CONTROL_PLANE,
@@ -125,15 +124,6 @@ async def fetch(database_url: str, query: str) -> list[Any]:
         await conn.close()
 
 
-@asynccontextmanager
-async def control_plane(database_url: str, certs: Path) -> AsyncIterator[str]:
-    """An ingest serving mutual TLS with cp-1's certificate; yields its address."""
-    settings = IngestSettings(pool_size=2, liveness_reserved_connections=1)
-    tls = server_context(TlsFiles.in_dir(certs, "cp-1"))
-    async with serve_ingests(database_url, "cp-1", settings=settings, tls=tls) as (ingest,):
-        yield ingest.address
-
-
 class StatusOnly:
     """A ControlPlane service that answers ``status`` only, for tests about the handshake."""
 
@@ -185,7 +175,7 @@ async def test_a_client_without_a_certificate_is_refused_and_nothing_is_stored(
     no_cert.check_hostname = False
     no_cert.load_verify_locations(cafile=str(certs / "ca.crt"))
     no_cert.set_alpn_protocols(["h2"])
-    async with control_plane(database_url, certs) as address:
+    async with mtls_control_plane(database_url, certs) as address:
         before = refusals()
         with structlog.testing.capture_logs() as logs, pytest.raises(Unavailable) as raised:
             await call_cp(
@@ -212,7 +202,7 @@ async def test_a_certificate_from_another_ca_is_refused_and_nothing_is_stored(
             key_path=other_certs / "operator.key",
         )
     ).target()
-    async with control_plane(database_url, certs) as address:
+    async with mtls_control_plane(database_url, certs) as address:
         before = refusals()
         with structlog.testing.capture_logs() as logs, pytest.raises(Unavailable):
             await call_cp(address, foreign, "submit_job", sleep_job())
@@ -231,7 +221,7 @@ async def test_an_expired_certificate_is_refused_and_nothing_is_stored(
     monkeypatch.setattr(certs_module, "_now", lambda: long_ago)
     expired = certs_module.issue(certs, role="operator", id="old-operator")
     assert expired.not_valid_after < datetime.datetime.now(datetime.UTC)
-    async with control_plane(database_url, certs) as address:
+    async with mtls_control_plane(database_url, certs) as address:
         before = refusals()
         with structlog.testing.capture_logs() as logs, pytest.raises(Unavailable):
             await call_cp(address, client_tls(certs, "old-operator"), "submit_job", sleep_job())
@@ -261,7 +251,7 @@ async def test_a_worker_may_register_and_heartbeat_only_as_itself(database_url: 
     (counted with reason "id", logged with the peer), and no row for w-2 exists; registering
     as w-1 works."""
     w1 = client_tls(certs, "w-1")
-    async with control_plane(database_url, certs) as address:
+    async with mtls_control_plane(database_url, certs) as address:
         before = refusals("register_worker", "id"), refusals("heartbeat", "id")
         with structlog.testing.capture_logs() as logs:
             with pytest.raises(PermissionDenied) as registering:
@@ -296,7 +286,7 @@ async def test_a_fleet_certificate_speaks_for_the_workers_it_names_only(
     reason "id", logged with the peer), and no row for w-3 exists."""
     certs_module.issue(certs, role="worker", id="fleet-1", workers=["w-1", "w-2"])
     fleet = client_tls(certs, "fleet-1")
-    async with control_plane(database_url, certs) as address:
+    async with mtls_control_plane(database_url, certs) as address:
         channel = GrpcChannel(address, tls=fleet)
         stub = channel.stub(pb.ControlPlaneStub)
         try:
@@ -380,7 +370,7 @@ async def test_a_viewer_may_read_but_not_submit(database_url: str, certs: Path) 
     """A viewer's submission is refused (PermissionDenied naming the role it needs, counted
     with reason "role") and no job is stored; the same viewer may read status and the job list."""
     viewer = client_tls(certs, "viewer")
-    async with control_plane(database_url, certs) as address:
+    async with mtls_control_plane(database_url, certs) as address:
         before = refusals("submit_job", "role")
         with pytest.raises(PermissionDenied) as raised:
             await call_cp(address, viewer, "submit_job", sleep_job())
@@ -390,7 +380,7 @@ async def test_a_viewer_may_read_but_not_submit(database_url: str, certs: Path) 
         with pytest.raises(NotFound, match="job_id 5 not found"):
             await call_cp(address, viewer, "get_job_events", pb.GetJobEventsRequest(job_id=5))
         assert await fetch(database_url, COUNT_JOBS) == [0]
-    assert "submit_job needs operator; the caller is viewer/viewer at 127.0.0.1:" in str(raised.value)
+    assert "submit_job needs operator or user; the caller is viewer/viewer at 127.0.0.1:" in str(raised.value)
     assert [cp.id for cp in status.control_planes] == ["cp-1"]
     assert list(listed.jobs) == []
 
@@ -417,7 +407,7 @@ async def test_a_viewer_reads_a_jobs_environment_names_and_an_operator_its_value
         env={"TOKEN": SECRET, "MODE": "fast"},
     )
     with structlog.testing.capture_logs() as logs:
-        async with control_plane(database_url, certs) as address:
+        async with mtls_control_plane(database_url, certs) as address:
             submitted = await call_cp(
                 address, operator, "submit_job", with_idempotency_key(pb.SubmitJobRequest(spec=spec))
             )

@@ -232,10 +232,15 @@ def test_issue_refuses_a_bad_fleet_certificate_and_writes_nothing(
         ({"role": "worker", "id": "w/7"}, "id"),
         ({"role": "worker", "id": "w-8", "hosts": ["bad host"]}, "host"),
         ({"role": "viewer", "id": "v-2", "hosts": ["a.example"]}, "host"),
+        ({"role": "user", "id": "-alice"}, "id"),
+        ({"role": "viewer", "id": "v-3", "account": "al/ice"}, "account"),
+        ({"role": "user", "id": "bob", "account": "alice"}, "account"),
+        ({"role": "operator", "id": "op-2", "account": "alice"}, "account"),
     ],
 )
 def test_issue_refuses_bad_input_and_writes_nothing(cluster: CertDir, kwargs: dict, field: str) -> None:
-    """An unknown role, a bad id, a bad host or hosts for a client: InvalidArgument, no file."""
+    """An unknown role, a bad id, a bad host, hosts for a client, an account that breaks the id
+    rules or one given to a role that cannot be scoped: InvalidArgument, no file."""
     before = sorted(cluster.path.iterdir())
     with pytest.raises(InvalidArgument) as caught:
         issue(cluster.path, **kwargs)
@@ -346,6 +351,73 @@ def test_cli_issue_bad_input_is_one_line_and_exit_2(cluster: CertDir, args: list
     result = CliRunner().invoke(app, ["certs", "issue", *args, "--dir", str(cluster.path)])
     assert result.exit_code == EXIT_INVALID
     assert len(lines(result.output)) == 1 and lines(result.output)[0].startswith("error: ")
+    assert sorted(cluster.path.iterdir()) == before
+
+
+def test_cli_issues_a_user_certificate_whose_id_is_its_account(cluster: CertDir) -> None:
+    """``--role user --id alice``: a client certificate naming user/alice, whose account is alice."""
+    runner = CliRunner()
+    args = ["certs", "issue", "--role", "user", "--id", "alice", "--dir", str(cluster.path)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert lines(result.output)[0].startswith("user alice: ")
+    assert identity_of(load(cluster.cert("alice"))) == Identity(role="user", id="alice")
+    shown = runner.invoke(app, ["certs", "show", str(cluster.cert("alice"))])
+    fields = dict(line.split(":", 1) for line in lines(shown.output))
+    assert (fields["role"].strip(), fields["id"].strip(), fields["account"].strip()) == (
+        "user",
+        "alice",
+        "alice",
+    )
+    assert fields["uris"].strip() == "spiffe://stockade/user/alice"
+    assert fields["dns names"].strip() == "-"
+
+
+def test_cli_issues_a_viewer_scoped_to_an_account(cluster: CertDir) -> None:
+    """``--role viewer --account alice``: the account rides in the identity URI's path."""
+    args = ["certs", "issue", "--role", "viewer", "--id", "v-alice", "--account", "alice"]
+    result = CliRunner().invoke(app, [*args, "--dir", str(cluster.path)])
+    assert result.exit_code == 0, result.output
+    assert lines(result.output)[0].startswith("viewer v-alice (account alice): ")
+    identity = identity_of(load(cluster.cert("v-alice")))
+    assert identity == Identity(role="viewer", id="v-alice", account="alice")
+    assert identity.uri == "spiffe://stockade/viewer/v-alice/account/alice"
+    assert identity.scope == "alice"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--role", "admin", "--id", "x"],
+            "error: role must be one of control-plane, worker, database, operator, viewer, user, got 'admin'",
+        ),
+        (
+            ["--role", "user", "--id", "al ice"],
+            "error: id must be 1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or digit, "
+            "got 'al ice'",
+        ),
+        (
+            ["--role", "viewer", "--id", "v-9", "--account", "-alice"],
+            "error: account must be 1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or digit, "
+            "got '-alice'",
+        ),
+        (
+            ["--role", "user", "--id", "bob", "--account", "alice"],
+            "error: account is only for viewer certificates, not user (a user's account is its --id; an "
+            "operator acts on every account), got 'alice'",
+        ),
+    ],
+)
+def test_cli_issue_names_the_field_the_value_and_the_rule(
+    cluster: CertDir, args: list[str], message: str
+) -> None:
+    """A bad role, a user id or account that breaks the id rules, or --account for a role that
+    cannot take it: one line naming the field, the value and the rule; exit 2, nothing written."""
+    before = sorted(cluster.path.iterdir())
+    result = CliRunner().invoke(app, ["certs", "issue", *args, "--dir", str(cluster.path)])
+    assert result.exit_code == EXIT_INVALID
+    assert lines(result.output) == [message]
     assert sorted(cluster.path.iterdir()) == before
 
 

@@ -51,6 +51,7 @@ STATUS_KEYS = [
     "attempt_history",
     "stdout_path",
     "stderr_path",
+    "owner",
 ]
 """The keys of a job's ``status``, in order (documented in ``ops.cli.render.job_status_json``)."""
 
@@ -60,6 +61,7 @@ FINISHED = pb.JobInfo(
         name="hello", cpu_millis=250, memory_mb=64, priority=3, command=pb.CommandRuntime(argv=["echo", "hi"])
     ),
     state="succeeded",
+    owner="alice",
     worker_id="w-2",
     assignment_id=11,
     epoch=4,
@@ -144,6 +146,7 @@ def test_job_json_is_a_job_file_with_a_status(answers: list[tuple[str, Any]]) ->
         "attempt_history": [],
         "stdout_path": "/work/w-2/jobs/7-11/stdout.log",
         "stderr_path": "/work/w-2/jobs/7-11/stderr.log",
+        "owner": "alice",
     }
     assert answers == [("get_job", pb.GetJobRequest(job_id=7))]
 

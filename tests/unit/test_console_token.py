@@ -85,10 +85,10 @@ def test_a_token_of_another_clusters_ca_is_refused(certs: Path, other_certs: Pat
         check(token, certs)
 
 
-def test_only_operators_and_viewers_may_sign(certs: Path) -> None:
+def test_only_operators_viewers_and_users_may_sign(certs: Path) -> None:
     """A worker's or a control plane's certificate makes no console token."""
     for id in ("w-1", "cp-1"):
-        with pytest.raises(TokenRefused, match="admits operators and viewers"):
+        with pytest.raises(TokenRefused, match="admits operators, viewers and users"):
             make_token(TlsFiles.in_dir(certs, id), now_unix_s=NOW_S, lifetime_s=60)
 
 

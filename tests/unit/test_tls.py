@@ -46,6 +46,11 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("spiffe://stockade/control-plane/cp-1", Identity(role="control-plane", id="cp-1")),
         ("spiffe://stockade/operator/operator", Identity(role="operator", id="operator")),
         ("spiffe://stockade/viewer/alice", Identity(role="viewer", id="alice")),
+        ("spiffe://stockade/user/alice", Identity(role="user", id="alice")),
+        (
+            "spiffe://stockade/viewer/v-alice/account/alice",
+            Identity(role="viewer", id="v-alice", account="alice"),
+        ),
     ],
 )
 def test_an_identity_uri_names_a_role_and_an_id(uri: str, identity: Identity) -> None:
@@ -66,6 +71,10 @@ def test_an_identity_uri_names_a_role_and_an_id(uri: str, identity: Identity) ->
         "spiffe://stockade/worker/",  # no id
         "spiffe://stockade/worker",
         "spiffe://stockade/worker/w-7/extra",  # more path than role and id
+        "spiffe://stockade/user/alice/account/bob",  # only a viewer is scoped to an account
+        "spiffe://stockade/viewer/v-1/account/",  # no account
+        "spiffe://stockade/viewer/v-1/accounts/alice",  # another segment
+        "spiffe://stockade/viewer/v-1/account/alice/x",  # more path than the account
         "",
     ],
 )
@@ -342,3 +351,12 @@ def test_an_identity_mismatch_reads_as_its_message() -> None:
 def test_errors_without_tls_in_them_have_no_tls_reason() -> None:
     """A lost connection that no TLS error caused: None."""
     assert describe_tls_error(ConnectionResetError("reset")) is None
+
+
+def test_a_users_scope_is_its_id_and_a_scoped_viewers_its_account() -> None:
+    """The one account a holder may see: a user's own id, a scoped viewer's account, and none
+    (every account) for an operator or a viewer issued without one."""
+    assert Identity(role="user", id="alice").scope == "alice"
+    assert Identity(role="viewer", id="v-1", account="alice").scope == "alice"
+    assert Identity(role="viewer", id="v-1").scope is None
+    assert Identity(role="operator", id="alice").scope is None

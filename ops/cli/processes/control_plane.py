@@ -281,8 +281,8 @@ def control_plane(
     """Run one control-plane replica in the foreground until SIGTERM or Ctrl-C.
 
     It serves mutual TLS with <certs-dir>/<id>.crt (a control-plane certificate) and requires
-    a client certificate from the same CA: workers, operators and viewers, each allowed what
-    its role may do."""
+    a client certificate from the same CA: workers, operators, viewers and users, each allowed
+    what its role may do (docs/accounts.md)."""
     # Imported here: the client commands need neither the actors nor the agent.
     from actors.control_plane import main as control_plane_main
     from runtime.settings.control_plane import ControlPlaneSettings

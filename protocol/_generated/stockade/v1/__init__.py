@@ -8,6 +8,7 @@ __all__ = (
     "AssignRequest",
     "Assignment",
     "Attempt",
+    "AuditEntry",
     "CancelJobReply",
     "CancelJobRequest",
     "CancelReply",
@@ -33,6 +34,8 @@ __all__ = (
     "JobSpec",
     "LeaveWorkerReply",
     "LeaveWorkerRequest",
+    "ListAuditReply",
+    "ListAuditRequest",
     "ListJobsReply",
     "ListJobsRequest",
     "LogChunk",
@@ -191,6 +194,44 @@ class Attempt(betterproto2.Message):
 
 
 default_message_pool.register_message("stockade.v1", "Attempt", Attempt)
+
+
+@dataclass(eq=False, repr=False)
+class AuditEntry(betterproto2.Message):
+    id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
+
+    at_unix_s: "float" = betterproto2.field(2, betterproto2.TYPE_DOUBLE)
+    """
+    When, the database's now() of the change's transaction.
+    """
+
+    role: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    Who: the caller's certificate role and id ("plaintext" and "anonymous" without TLS), and
+    the account it acted as.
+    """
+
+    actor_id: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+
+    account: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+
+    address: "str" = betterproto2.field(6, betterproto2.TYPE_STRING)
+    """
+    From where: the peer address (host:port) the control plane saw.
+    """
+
+    action: "str" = betterproto2.field(7, betterproto2.TYPE_STRING)
+    """
+    What: the action, the ids it changed (a JSON array: job ids, an array's id, a worker id)
+    and its key arguments (a JSON object).
+    """
+
+    target_ids_json: "str" = betterproto2.field(8, betterproto2.TYPE_STRING)
+
+    arguments_json: "str" = betterproto2.field(9, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("stockade.v1", "AuditEntry", AuditEntry)
 
 
 @dataclass(eq=False, repr=False)
@@ -710,6 +751,11 @@ class JobInfo(betterproto2.Message):
     (not_before_unix_s) against this, not against its own clock. 0: not said.
     """
 
+    owner: "str" = betterproto2.field(23, betterproto2.TYPE_STRING)
+    """
+    The account that submitted it (docs/accounts.md).
+    """
+
 
 default_message_pool.register_message("stockade.v1", "JobInfo", JobInfo)
 
@@ -890,6 +936,46 @@ default_message_pool.register_message("stockade.v1", "LeaveWorkerRequest", Leave
 
 
 @dataclass(eq=False, repr=False)
+class ListAuditReply(betterproto2.Message):
+    entries: "list[AuditEntry]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
+
+
+default_message_pool.register_message("stockade.v1", "ListAuditReply", ListAuditReply)
+
+
+@dataclass(eq=False, repr=False)
+class ListAuditRequest(betterproto2.Message):
+    """
+    The audit trail (docs/accounts.md): the changes callers made, newest first.
+    """
+
+    account: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    Only rows of this account (empty: every account the caller may see; a user sees its own).
+    """
+
+    action: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    Only this action: submit, cancel, drain, cordon, uncordon (empty: every action).
+    """
+
+    has_since_s: "bool" = betterproto2.field(3, betterproto2.TYPE_BOOL)
+    """
+    Only rows of the last since_s seconds, database time (has_since_s false: all).
+    """
+
+    since_s: "float" = betterproto2.field(4, betterproto2.TYPE_DOUBLE)
+
+    limit: "int" = betterproto2.field(5, betterproto2.TYPE_UINT32)
+    """
+    At most this many rows (0: 100).
+    """
+
+
+default_message_pool.register_message("stockade.v1", "ListAuditRequest", ListAuditRequest)
+
+
+@dataclass(eq=False, repr=False)
 class ListJobsReply(betterproto2.Message):
     jobs: "list[JobInfo]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
 
@@ -905,6 +991,11 @@ class ListJobsRequest(betterproto2.Message):
     """
 
     limit: "int" = betterproto2.field(2, betterproto2.TYPE_UINT32)
+
+    account: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    Only this account's jobs (empty: every account the caller may see; a user sees its own).
+    """
 
 
 default_message_pool.register_message("stockade.v1", "ListJobsRequest", ListJobsRequest)
@@ -1668,6 +1759,24 @@ class ControlPlaneStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def list_audit(
+        self,
+        message: "ListAuditRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ListAuditReply":
+
+        return await self._unary_unary(
+            "/stockade.v1.ControlPlane/ListAudit",
+            message,
+            ListAuditReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class WorkerStub(betterproto2_grpclib.ServiceStub):
     async def assign(
@@ -1784,6 +1893,10 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def list_audit(self, message: "ListAuditRequest") -> "ListAuditReply":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_read_job_logs(
         self, stream: "grpclib.server.Stream[ReadJobLogsRequest, LogChunk]"
     ) -> None:
@@ -1893,6 +2006,14 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
         response = await self.drain_worker(request)
         await stream.send_message(response)
 
+    async def __rpc_list_audit(
+        self, stream: "grpclib.server.Stream[ListAuditRequest, ListAuditReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.list_audit(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/stockade.v1.ControlPlane/ReadJobLogs": grpclib.const.Handler(
@@ -1978,6 +2099,12 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 DrainWorkerRequest,
                 WorkerScheduleReply,
+            ),
+            "/stockade.v1.ControlPlane/ListAudit": grpclib.const.Handler(
+                self.__rpc_list_audit,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ListAuditRequest,
+                ListAuditReply,
             ),
         }
 
