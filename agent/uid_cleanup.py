@@ -29,10 +29,13 @@ _IPC_TABLES = {
 
 
 def _process_uids(pid: str) -> tuple[int, ...] | None:
-    """The real, effective, saved and filesystem uids of process ``pid``; None when it is gone."""
+    """The real, effective, saved and filesystem uids of process ``pid``; None when it is gone
+    or a zombie (it runs nothing and holds its pid until its parent reaps it)."""
     try:
         with open(f"/proc/{pid}/status", "rb") as file:
             for line in file:
+                if line.startswith(b"State:") and line.split()[1] == b"Z":
+                    return None
                 if line.startswith(b"Uid:"):
                     return tuple(int(v) for v in line.split()[1:5])
     except (OSError, ValueError):
@@ -178,14 +181,17 @@ def remove_ipc(uids: Iterable[int]) -> list[tuple[str, int]]:
     return ipc_objects(uids)
 
 
-def clean_uids(uids: Iterable[int], folders: Iterable[Path], *, owner: tuple[int, int]) -> list[str]:
-    """Remove what ``uids`` left: their processes, then (nothing of theirs running any more)
+def clean_uids(
+    uids: Iterable[int], folders: Iterable[Path], *, owner: tuple[int, int], wait_s: float = KILL_WAIT_S
+) -> list[str]:
+    """Remove what ``uids`` left: their processes (waiting ``wait_s`` seconds at most for them
+    to be gone), then (nothing of theirs running any more)
     their files in the temp folders and their IPC objects; ``folders`` (their jobs' work
     folders) are given to ``owner`` (uid, gid: the agent's). Returns what could not be
     cleaned, one line each (empty: nothing of ``uids`` is left, they may be given out)."""
     uids = set(uids)
     problems = []
-    left = kill_processes(uids)
+    left = kill_processes(uids, wait_s=wait_s)
     if left:
         # While a process lives it can make new files: nothing after this is worth doing.
         return [f"processes still running after SIGKILL: {left[:10]}"]
