@@ -225,3 +225,48 @@ async def test_a_uid_comes_back_only_without_what_its_job_left(tmp_path: Path) -
         for path in (Path(f"/tmp/{tag}"), Path(f"/tmp/{tag}.d"), Path(f"/dev/shm/{tag}")):
             assert not path.exists() and not path.is_symlink(), path
         assert uid not in ids.pool.held and uid not in ids.pool.quarantined
+
+
+async def test_a_restarted_agent_keeps_each_running_jobs_uid(tmp_path: Path) -> None:
+    """A root agent runs two jobs as two uids of the block it recorded in its work folder, each
+    uid in the job's record; killed and started again, the agent claims the same block, keeps
+    both jobs with their uids, and gives a new job a uid neither holds. Once the jobs end,
+    their folders are the agent's again."""
+    from jobfiles import job_writable
+    from test_agent_restart import assign, host, wait_for
+
+    from agent import job_record
+    from agent.identities import BLOCK_RECORD
+    from protocol import pb
+
+    gate = job_writable(tmp_path) / "gate"
+    argv = ["sh", "-c", f"id -u; while [ ! -e {gate} ]; do sleep 0.05; done"]
+    spec = pb.JobSpec(cpu_millis=10, memory_mb=10, command=pb.CommandRuntime(argv=argv))
+    async with host(tmp_path) as worker:
+
+        def uid_of(assignment_id: int) -> int | None:
+            words = _words(worker.job_file(assignment_id, "stdout.log"))
+            return int(words[0]) if words else None
+
+        await worker.start()
+        block = (worker.work_dir / BLOCK_RECORD).read_text()
+        first, last = (int(v) for v in block.split("-"))
+        await assign(worker, (1, spec), (2, spec))
+        await wait_for(lambda: uid_of(1) is not None and uid_of(2) is not None)
+        uids = {uid_of(1), uid_of(2)}
+        assert len(uids) == 2 and all(u is not None and first <= u <= last for u in uids)
+        for a in (1, 2):
+            record = job_record.read_record(worker.job_file(a, "x").parent)
+            assert record is not None and record.job_uid == uid_of(a)
+        await worker.kill()
+        await worker.start()
+        assert (worker.work_dir / BLOCK_RECORD).read_text() == block
+        await assign(worker, (3, spec))
+        await wait_for(lambda: uid_of(3) is not None)
+        assert uid_of(3) not in uids and first <= (uid_of(3) or 0) <= last
+        gate.touch()
+        await wait_for(lambda: len(worker.stops()) == 3)
+        for a in (1, 2, 3):
+            work = worker.job_file(a, "work")
+            await wait_for(lambda work=work: work.stat().st_uid == 0)
+        assert {s["reason"] for s in worker.stops()} == {"succeeded"}
