@@ -270,3 +270,119 @@ async def test_a_restarted_agent_keeps_each_running_jobs_uid(tmp_path: Path) -> 
             work = worker.job_file(a, "work")
             await wait_for(lambda work=work: work.stat().st_uid == 0)
         assert {s["reason"] for s in worker.stops()} == {"succeeded"}
+
+
+CONTAINER_ROUNDS = 20
+
+HOST_ATTACK = textwrap.dedent("""
+    import ctypes, json, os, signal, sys
+    out_dir, a_pid = sys.argv[1], int(sys.argv[2])
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def ptrace_attach():
+        if libc.ptrace(16, a_pid, None, None) != 0:  # PTRACE_ATTACH
+            raise OSError(ctypes.get_errno(), "ptrace")
+
+    tries = {
+        "read_stdout": lambda: open(out_dir + "/stdout.log").read(),
+        "read_secret": lambda: open(f"/proc/{a_pid}/root/tmp/secret.txt").read(),
+        "sigstop": lambda: os.kill(a_pid, signal.SIGSTOP),
+        "environ": lambda: open(f"/proc/{a_pid}/environ", "rb").read(),
+        "mem": lambda: open(f"/proc/{a_pid}/mem", "rb").read(1),
+        "ptrace": ptrace_attach,
+    }
+    got = {}
+    for name, attempt in tries.items():
+        try:
+            attempt()
+            got[name] = "succeeded"
+        except OSError as exc:
+            got[name] = exc.errno
+    print(json.dumps(got))
+""")
+
+
+def _container_pid(name: str) -> int:
+    """The host pid of container ``name``'s first process (0: not running)."""
+    import docker
+
+    client = docker.from_env(timeout=10)
+    try:
+        return int(client.containers.get(name).attrs["State"]["Pid"])
+    finally:
+        client.close()
+
+
+async def _container_attack_once(
+    ids: JobIdentities, image: str, worker_id: str, jobs_dir: Path, round_no: int
+) -> None:
+    from agent.container import container_name
+    from agent.runtimes import ContainerJob
+    from runtime.jobs import ContainerRuntime
+
+    a_as, b_as = ids.run_as(), ids.run_as()
+    assert a_as is not None and b_as is not None
+    job = ContainerJob(
+        worker_id=worker_id,
+        job_id=round_no + 1,
+        assignment_id=1000 + round_no,
+        cpu_millis=200,
+        memory_mb=128,
+        user=f"{a_as.uid}:{a_as.gid}",
+    )
+    a_dir = job_dir_for(jobs_dir, job.job_id, job.assignment_id)
+    b_dir = job_dir_for(jobs_dir, 0, round_no)
+    program = (
+        "import os, time; open('/tmp/secret.txt', 'w').write('secret');"
+        "print(os.getuid(), os.getgid(), flush=True); time.sleep(600)"
+    )
+    a_stop = trio.Event()
+    a_result: list[JobResult] = []
+
+    async def run_a() -> None:
+        a_result.append(
+            await run_job(
+                ContainerRuntime(image=image, argv=("python3", "-c", program)),
+                job_dir=a_dir,
+                stop=a_stop,
+                stop_grace_s=1.0,
+                container=job,
+                job_env={"A_SECRET": "secret"},
+            )
+        )
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_a)
+        with trio.fail_after(60):
+            while len(_words(a_dir / "stdout.log")) < 2:  # noqa: ASYNC110 (a file)
+                await trio.sleep(0.05)
+        assert _words(a_dir / "stdout.log") == [str(a_as.uid), str(a_as.gid)]
+        a_pid = _container_pid(container_name(job))
+        assert os.stat(f"/proc/{a_pid}").st_uid == a_as.uid
+        b = await run_job(
+            CommandRuntime(argv=(sys.executable, "-I", "-c", HOST_ATTACK, str(a_dir), str(a_pid))),
+            job_dir=b_dir,
+            stop=trio.Event(),
+            stop_grace_s=1.0,
+            run_as=b_as,
+        )
+        assert b.state is JobState.SUCCEEDED, (b, (b_dir / "stderr.log").read_text())
+        tried = json.loads((b_dir / "stdout.log").read_text())
+        assert all(v != "succeeded" for v in tried.values()), tried
+        assert set(tried.values()) <= {13, 1}, tried
+        assert _state(a_pid) in {"S", "R"}
+        a_stop.set()
+    assert a_result[0].stopped, a_result[0]
+    for uid, folder in ((a_as.uid, a_dir), (b_as.uid, b_dir)):
+        assert await ids.release(uid, folder)
+
+
+async def test_the_two_job_attack_on_a_container_job_fails_every_time(
+    job_image: str, container_worker: str, tmp_path: Path
+) -> None:
+    """Twenty times: container job A runs as a uid of its own (uid:gid, not root) and holds a
+    secret; job B, a command with another uid, cannot read A's stdout.log or its files through
+    /proc/<pid>/root, SIGSTOP it, read its environ or mem, or ptrace it; A runs on unharmed."""
+    async with _identities(tmp_path) as ids:
+        for round_no in range(CONTAINER_ROUNDS):
+            await _container_attack_once(ids, job_image, container_worker, tmp_path / "jobs", round_no)
