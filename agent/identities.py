@@ -17,7 +17,7 @@ import attrs
 import trio
 
 from agent import uid_cleanup
-from runtime.errors import InvalidArgument, PermanentError
+from runtime.errors import PermanentError
 from runtime.os_users import RunAs
 from runtime.settings.agent import MAX_JOB_UID, AgentSettings
 
@@ -39,30 +39,6 @@ first by the next agent process there (so that jobs it takes over keep their uid
 class NoUidBlock(PermanentError):
     """No block of uids could be claimed: every block is held by another agent, or the range
     the operator set (``job_uids``) is another agent's on this machine."""
-
-
-def pool_size_needed(settings: AgentSettings) -> int:
-    """The most jobs the worker can run at once, each asking at least 1 millicore and 1 MiB:
-    ``min(cpu_millis, memory_mb)``, so the fewest uids its pool may have."""
-    return min(settings.cpu_millis, settings.memory_mb)
-
-
-def check_pool_size(first_uid: int, last_uid: int, settings: AgentSettings) -> None:
-    """Refuse a pool smaller than :func:`pool_size_needed`.
-
-    Raises:
-        InvalidArgument: naming ``job_uids``, the range, its size and the size needed.
-    """
-    size = last_uid - first_uid + 1
-    needed = pool_size_needed(settings)
-    if size < needed:
-        raise InvalidArgument(
-            "job_uids",
-            f"{first_uid}-{last_uid}",
-            f"must hold at least min(cpu_millis, memory_mb) = min({settings.cpu_millis}, "
-            f"{settings.memory_mb}) = {needed} uids, one per job the worker can run at once",
-            detail=f"it holds {size}",
-        )
 
 
 @attrs.define(eq=False)
@@ -257,16 +233,14 @@ class JobIdentities:
 
     @classmethod
     def claim(cls, settings: AgentSettings, *, logger: Any, lock_dir: Path = UID_BLOCK_DIR) -> JobIdentities:
-        """The pool of ``settings``' worker: ``job_uids``, else a block of its own.
+        """The pool of ``settings``' worker: ``job_uids`` (at least ``most_jobs_at_once``
+        uids, as the settings check), else a block of its own.
 
         Raises:
-            InvalidArgument: ``job_uids`` holds fewer uids than the worker can run jobs.
             NoUidBlock: no block could be claimed.
         """
-        if settings.job_uids is not None:
-            check_pool_size(*settings.job_uids, settings)
         block = claim_block(
-            pool_size_needed(settings),
+            settings.most_jobs_at_once,
             work_dir=Path(settings.work_dir),
             job_uids=settings.job_uids,
             lock_dir=lock_dir,

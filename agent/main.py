@@ -98,8 +98,6 @@ async def run_agent(
         OSError: the listen address cannot be bound, or the work folder cannot be written.
         runtime.os_users.UserNotCreated: this process is root and the job user could not be
             created (or is root itself).
-        runtime.errors.InvalidArgument: ``settings.job_uids`` holds fewer uids than
-            ``min(cpu_millis, memory_mb)``, the most jobs the worker can run at once.
         agent.identities.NoUidBlock: no block of uids could be claimed.
         runtime.errors.ResourcesUnavailable: ``settings.job_resources`` names a mode this
             machine cannot do.
@@ -155,8 +153,7 @@ async def job_identities(
     removed); else ``job_user`` as root, or this process's user.
 
     Raises:
-        runtime.os_users.UserNotCreated, runtime.errors.InvalidArgument,
-        agent.identities.NoUidBlock: as :func:`run_agent` says.
+        runtime.os_users.UserNotCreated, agent.identities.NoUidBlock: as :func:`run_agent` says.
     """
     if os.geteuid() != 0 or settings.job_user:
         run_as = resolve_unprivileged_user(settings.job_user)

@@ -351,13 +351,30 @@ class AgentSettings:
     def _labels(self, attribute: attrs.Attribute[dict[str, str]], value: dict[str, str]) -> None:
         identifiers.check_labels(value, field="labels")
 
+    @property
+    def most_jobs_at_once(self) -> int:
+        """The most jobs the worker can run at once, each asking at least 1 millicore and 1 MiB:
+        ``min(cpu_millis, memory_mb)``, so the fewest uids its pool of job uids may hold."""
+        return min(self.cpu_millis, self.memory_mb)
+
     def __attrs_post_init__(self) -> None:
-        if self.job_user and self.job_uids is not None:
-            raise InvalidArgument(
-                "job_uids",
-                self.job_uids,
-                f"must not be set with job_user = {self.job_user!r} (one shared user, or a uid per job)",
-            )
+        if self.job_uids is not None:
+            first, last = self.job_uids
+            if self.job_user:
+                raise InvalidArgument(
+                    "job_uids",
+                    f"{first}-{last}",
+                    f"must not be set with job_user = {self.job_user!r} (one shared user, or a uid per job)",
+                )
+            if last - first + 1 < self.most_jobs_at_once:
+                raise InvalidArgument(
+                    "job_uids",
+                    f"{first}-{last}",
+                    f"must hold at least min(cpu_millis, memory_mb) = min({self.cpu_millis}, "
+                    f"{self.memory_mb}) = {self.most_jobs_at_once} uids, one per job the worker can run "
+                    "at once",
+                    detail=f"it holds {last - first + 1}",
+                )
         check_not_below(self, "register_retry_max_s", "register_retry_s")
         check_not_below(self, "heartbeat_interval_max_s", "heartbeat_interval_min_s")
         if not self.heartbeat_interval_min_s <= self.heartbeat_interval_s <= self.heartbeat_interval_max_s:

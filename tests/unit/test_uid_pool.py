@@ -68,11 +68,11 @@ def test_a_held_uid_of_a_job_taken_over_is_not_given_out() -> None:
 def test_a_pool_smaller_than_the_jobs_a_worker_can_run_is_refused(tmp_path: Path) -> None:
     """A job_uids range with fewer uids than min(cpu_millis, memory_mb) is refused at start,
     naming both numbers."""
-    settings = agent_settings(tmp_path, cpu_millis=4000, memory_mb=2048, job_uids="100000-100999")
-    with pytest.raises(
-        InvalidArgument, match=r"job_uids must hold at least .* = 2048 uids.*\(it holds 1000\)"
-    ):
-        JobIdentities.claim(settings, logger=None, lock_dir=tmp_path / "locks")
+    rule = r"must hold at least min\(cpu_millis, memory_mb\) = min\(4000, 2048\) = 2048 uids"
+    with pytest.raises(InvalidArgument, match=f"job_uids {rule}.*'100000-100999' \\(it holds 1000\\)"):
+        agent_settings(tmp_path, cpu_millis=4000, memory_mb=2048, job_uids="100000-100999")
+    fits = agent_settings(tmp_path, cpu_millis=4000, memory_mb=1000, job_uids="100000-100999")
+    assert fits.job_uids == (100000, 100999)
 
 
 @pytest.mark.parametrize(
