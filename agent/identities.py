@@ -31,6 +31,10 @@ BLOCK_UIDS = 65_536
 """The uids of one lock file's block; an agent that needs more claims consecutive blocks."""
 BLOCK_COUNT = (MAX_JOB_UID + 1 - BLOCK_BASE_UID) // BLOCK_UIDS
 """How many blocks there are from :data:`BLOCK_BASE_UID` up to ``MAX_JOB_UID``."""
+CLEANUP_THREADS = 2
+"""Most clean-ups of one worker's uids at once, each in a thread of its own (a ``/proc`` scan
+and a walk of the temp folders): many jobs ending together wait their turn rather than take
+every thread trio lends."""
 BLOCK_RECORD = "uid-block"
 """In the worker's work folder: the block its agent claimed, ``FIRST-LAST``, claimed again
 first by the next agent process there (so that jobs it takes over keep their uids)."""
@@ -230,6 +234,8 @@ class JobIdentities:
     block: UidBlock | None = None
     owner: tuple[int, int] = attrs.field(factory=lambda: (os.geteuid(), os.getegid()))
     logger: Any = None
+    cleanups: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(CLEANUP_THREADS))
+    """The threads the clean-ups of this worker's uids may take at once."""
 
     @classmethod
     def claim(cls, settings: AgentSettings, *, logger: Any, lock_dir: Path = UID_BLOCK_DIR) -> JobIdentities:
@@ -268,7 +274,7 @@ class JobIdentities:
         with trio.CancelScope(shield=True):
             folders = [] if job_dir is None else [job_dir]
             problems = await trio.to_thread.run_sync(
-                lambda: uid_cleanup.clean_uids({uid}, folders, owner=self.owner)
+                lambda: uid_cleanup.clean_uids({uid}, folders, owner=self.owner), limiter=self.cleanups
             )
         if problems:
             self.pool.quarantine(uid)
