@@ -239,3 +239,29 @@ def test_the_job_record_keeps_the_jobs_uid() -> None:
     assert JobRecord.from_json(record.to_json()).job_uid == BLOCK_BASE_UID + 3
     older = record.to_json().replace(f', "job_uid": {BLOCK_BASE_UID + 3}', "")
     assert JobRecord.from_json(older).job_uid is None
+
+
+def test_the_start_sweep_cleans_every_uid_but_those_of_jobs_taken_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At start, what every uid of the pool left is removed, except the uids of running jobs
+    the agent takes over; a uid whose process outlives SIGKILL is quarantined."""
+    pool = UidPool(5000, 5003)
+    ids = JobIdentities(pool=pool, owner=(0, 0))
+    ids.hold(5001)
+    swept: dict[str, set[int]] = {}
+
+    def kill(uids: set[int]) -> list[int]:
+        swept["killed"] = set(uids)
+        return [99]
+
+    monkeypatch.setattr(uid_cleanup, "kill_processes", kill)
+    monkeypatch.setattr(uid_cleanup, "process_uids", lambda: {99: (5003, 5003, 5003, 5003)})
+    monkeypatch.setattr(
+        uid_cleanup, "remove_temp_files", lambda uids, owner: swept.setdefault("temp", set(uids)) and []
+    )
+    monkeypatch.setattr(uid_cleanup, "remove_ipc", lambda uids: swept.setdefault("ipc", set(uids)) and [])
+    assert ids.sweep(tmp_path / "jobs") == [5003]
+    assert swept == {"killed": {5000, 5002, 5003}, "temp": {5000, 5002}, "ipc": {5000, 5002}}
+    assert pool.quarantined == {5003}
+    assert [pool.claim(), pool.claim(), pool.claim()] == [5000, 5002, None]
