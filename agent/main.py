@@ -106,8 +106,8 @@ async def run_agent(
     # The cgroups (and uids) of jobs whose supervisors still run stay: this agent takes them over.
     live = adoption.supervised_job_folders(str(Path(settings.work_dir) / FENCE_DEADLINE_FILE))
     run_as, identities = await job_identities(settings, logger, live=live)
-    settings = await container_settings(settings, logger)
     try:
+        settings = await container_settings(settings, logger)
         settings, resources = await resource_settings(settings, logger, keep=live)
     except BaseException:
         if identities is not None:
