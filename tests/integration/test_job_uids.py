@@ -22,6 +22,7 @@ from agent.job_results import JobResult
 from agent.messages import JobState
 from agent.runtimes import job_dir_for, run_job
 from runtime.jobs import CommandRuntime
+from runtime.os_users import RunAs
 from runtime.settings.agent import AgentSettings
 
 pytestmark = [
@@ -98,6 +99,24 @@ def _state(pid: int) -> str:
         return "-"
 
 
+async def _attack(a_dir: Path, a_pid: int, b_dir: Path, b_as: RunAs) -> None:
+    """Run job B (:data:`ATTACK`, as ``b_as``, in ``b_dir``) against job A (its folder
+    ``a_dir``, its process ``a_pid``): every try must fail by the kernel's refusal (EACCES for
+    files, EPERM for signals and ptrace), and A must still run, not stopped."""
+    b = await run_job(
+        CommandRuntime(argv=(sys.executable, "-I", "-c", ATTACK, str(a_dir), str(a_pid))),
+        job_dir=b_dir,
+        stop=trio.Event(),
+        stop_grace_s=1.0,
+        run_as=b_as,
+    )
+    assert b.state is JobState.SUCCEEDED, (b, (b_dir / "stderr.log").read_text())
+    tried = json.loads((b_dir / "stdout.log").read_text())
+    assert all(v != "succeeded" for v in tried.values()), tried
+    assert set(tried.values()) <= {13, 1}, tried
+    assert _state(a_pid) in {"S", "R"}
+
+
 async def _attack_once(ids: JobIdentities, jobs_dir: Path, round_no: int) -> None:
     a_as, b_as = ids.run_as(), ids.run_as()
     assert a_as is not None and b_as is not None and a_as.uid != b_as.uid
@@ -127,20 +146,8 @@ async def _attack_once(ids: JobIdentities, jobs_dir: Path, round_no: int) -> Non
             while len(_words(a_dir / "stdout.log")) < 2:  # noqa: ASYNC110 (a file)
                 await trio.sleep(0.02)
         a_pid = int(_words(a_dir / "stdout.log")[0])
-        b = await run_job(
-            CommandRuntime(argv=(sys.executable, "-I", "-c", ATTACK, str(a_dir), str(a_pid))),
-            job_dir=b_dir,
-            stop=trio.Event(),
-            stop_grace_s=1.0,
-            run_as=b_as,
-        )
-        assert b.state is JobState.SUCCEEDED, (b, (b_dir / "stderr.log").read_text())
-        tried = json.loads((b_dir / "stdout.log").read_text())
-        # Every try failed, by the kernel's refusal: EACCES for files, EPERM for signals and ptrace.
-        assert all(v != "succeeded" for v in tried.values()), tried
-        assert set(tried.values()) <= {13, 1}, tried
-        # A is unharmed: running (not stopped), its file intact, and it ends only when told to.
-        assert _state(a_pid) in {"S", "R"}
+        await _attack(a_dir, a_pid, b_dir, b_as)
+        # A is unharmed: its file intact, and it ends only when told to.
         assert (a_dir / "work" / "secret.txt").read_text() == f"{secret}\n"
         a_stop.set()
     assert a_result[0].stopped and a_result[0].state is not JobState.FAILED
@@ -334,18 +341,7 @@ async def _container_attack_once(
         assert _words(a_dir / "stdout.log") == [str(a_as.uid), str(a_as.gid)]
         a_pid = _container_pid(container_name(job))
         assert os.stat(f"/proc/{a_pid}").st_uid == a_as.uid
-        b = await run_job(
-            CommandRuntime(argv=(sys.executable, "-I", "-c", ATTACK, str(a_dir), str(a_pid))),
-            job_dir=b_dir,
-            stop=trio.Event(),
-            stop_grace_s=1.0,
-            run_as=b_as,
-        )
-        assert b.state is JobState.SUCCEEDED, (b, (b_dir / "stderr.log").read_text())
-        tried = json.loads((b_dir / "stdout.log").read_text())
-        assert all(v != "succeeded" for v in tried.values()), tried
-        assert set(tried.values()) <= {13, 1}, tried
-        assert _state(a_pid) in {"S", "R"}
+        await _attack(a_dir, a_pid, b_dir, b_as)
         a_stop.set()
     assert a_result[0].stopped, a_result[0]
     for uid, folder in ((a_as.uid, a_dir), (b_as.uid, b_dir)):
