@@ -176,6 +176,8 @@ async def run_container(
 
     def spawn() -> tuple[subprocess.Popen[bytes], int]:
         job_dir.mkdir(parents=True, exist_ok=True)
+        if job.user:  # nothing of the job enters it on this side: closed to every job
+            job_dir.chmod(0o700)
         deadman.clear_files(job_dir)
         return popen_supervisor(
             lambda started_fd: argv(started_fd=started_fd),

@@ -38,6 +38,8 @@ class Agent(Leaving):
         runner: what runs the jobs; None: :func:`agent.runtimes.run_job` forking reapers on
             the calling (trio) thread, for tests.
         run_as: who command jobs run as; None: this process's user, for tests.
+        identities: the pool giving each command and container job a uid of its own (a root
+            agent's, :mod:`agent.identities`); None: every job runs as ``run_as``.
         resources: how command jobs' limits are enforced; None: they are not, for tests.
         rng: draws the pauses between registration attempts; None: a fresh one.
     """

@@ -24,7 +24,7 @@ from runtime import identifiers, log
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument, PermanentError
 from runtime.routes import home_index
-from runtime.settings.agent import AgentSettings
+from runtime.settings.agent import AgentSettings, uid_range
 from runtime.tls import TlsFiles
 
 REGISTRATION_STEP_S = 0.08
@@ -215,11 +215,16 @@ def fleet_settings(
             (:class:`runtime.tls.TlsFiles`); None: plaintext (``--insecure``).
         options: further :class:`AgentSettings` fields shared by all.
 
+    A ``job_uids`` range in ``options`` is split evenly among the workers, in their order
+    (:func:`split_uid_range`): no two of them give out one uid.
+
     Raises:
         InvalidArgument: a worker has no control-plane address, or an option is out of range.
     """
     settings = []
-    for worker in workers:
+    shared_uids = uid_range(options.pop("job_uids", None))
+    parts = [None] * len(workers) if shared_uids is None else split_uid_range(shared_uids, len(workers))
+    for worker, uids in zip(workers, parts, strict=True):
         addresses = worker.control_planes or tuple(control_planes)
         if not addresses:
             raise InvalidArgument(
@@ -236,6 +241,7 @@ def fleet_settings(
                 listen_port=worker.port,
                 advertise_address=worker.advertise_address,
                 tls=None if cert_dir is None else TlsFiles.in_dir(cert_dir, worker.worker_id),
+                job_uids=uids,
                 **options,
             )
         )
@@ -392,3 +398,17 @@ def main(
         for failure in failures[1:]:
             log.get("fleet").error("worker failed", error=str(failure))
         raise failures[0] from None
+
+
+def split_uid_range(uids: tuple[int, int], count: int) -> list[tuple[int, int]]:
+    """``uids`` (first, last) cut into ``count`` consecutive equal parts (the rest unused).
+
+    Raises:
+        InvalidArgument: ``uids`` holds fewer uids than ``count``.
+    """
+    size = (uids[1] - uids[0] + 1) // count
+    if size < 1:
+        raise InvalidArgument(
+            "job_uids", f"{uids[0]}-{uids[1]}", f"must hold at least one uid per worker ({count} workers)"
+        )
+    return [(uids[0] + i * size, uids[0] + (i + 1) * size - 1) for i in range(count)]

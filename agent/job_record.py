@@ -54,6 +54,9 @@ class JobRecord:
     """A command job's reaper, once forked; None before (or for a sleep job)."""
     supervisor_start_ticks: int | None = None
     """The reaper's start time, ``/proc/<pid>/stat`` field 22 (clock ticks since boot)."""
+    job_uid: int | None = None
+    """The uid (and gid) the job runs as, from its worker's pool (:mod:`agent.identities`); a
+    restarted agent holds it while the job runs. None: the agent's shared job user or its own."""
 
     def order(self) -> JobOrder:
         """The job as the agent's own structures hold it (its spec has what the record keeps)."""

@@ -69,6 +69,9 @@ class Job:
     """True for a job this agent took over from its previous process."""
     held: bool = False
     """True while a sleep job taken over waits for its incarnation to be continued."""
+    job_uid: int | None = None
+    """The uid of its own it runs as (:mod:`agent.identities`), until the uid is given back;
+    None: it has none."""
 
     @classmethod
     def taken_over(cls, record: JobRecord, job_dir: Path) -> Job:
@@ -83,6 +86,7 @@ class Job:
             job_dir=job_dir,
             record=record,
             adopted=True,
+            job_uid=record.job_uid,
         )
 
     @property

@@ -20,12 +20,13 @@ from typing import Any, TypedDict, Unpack
 
 import trio
 
-from agent import adoption
+from agent import adoption, job_record
 from agent.cgroups import resource_settings
 from agent.container import container_settings
 from agent.control_plane import ControlPlane, GrpcControlPlane
 from agent.core import Agent
 from agent.fence import FENCE_DEADLINE_FILE
+from agent.identities import JobIdentities
 from agent.logs import LogReader
 from agent.output import OutputFiles, OutputKeeper
 from agent.runtimes import job_runner
@@ -38,7 +39,7 @@ from runtime.client import ControlPlaneClient
 from runtime.gcpause import GcPauses
 from runtime.lag import LoopLag
 from runtime.loops import run_until_signal
-from runtime.os_users import resolve_unprivileged_user
+from runtime.os_users import RunAs, resolve_unprivileged_user
 from runtime.settings.agent import AgentSettings
 from runtime.tls import CONTROL_PLANE, server_context
 
@@ -82,10 +83,13 @@ async def run_agent(
     every running job (shielded), logs each stop with reason ``shutdown``, and closes its
     connections.
 
-    Command jobs run as ``settings.job_user`` when this process is root, else as this process's
-    user. Before anything else it labels the worker ``container=docker|none``
-    (:func:`agent.container.container_settings`) and ``resources=cgroup2|cgroup1|rlimit``
-    (:func:`agent.cgroups.resource_settings`), removing what an earlier life of it left.
+    When this process is root, each command and container job runs as a uid of its own from
+    the worker's pool (:class:`agent.identities.JobIdentities`: ``settings.job_uids``, else a
+    block it claims), or, with ``settings.job_user`` set, all of them as that one user; when it
+    is not root, as this process's user. The start log says which. Before anything else it
+    labels the worker ``container=docker|none`` (:func:`agent.container.container_settings`)
+    and ``resources=cgroup2|cgroup1|rlimit`` (:func:`agent.cgroups.resource_settings`),
+    removing what an earlier life of it left.
 
     ``control_plane``, ``start_limiter``, ``leave_turns`` and ``spawner`` (running): None, the
     agent's own (a :class:`GrpcControlPlane` over ``settings.control_planes``).
@@ -94,15 +98,21 @@ async def run_agent(
         OSError: the listen address cannot be bound, or the work folder cannot be written.
         runtime.os_users.UserNotCreated: this process is root and the job user could not be
             created (or is root itself).
+        agent.identities.NoUidBlock: no block of uids could be claimed.
         runtime.errors.ResourcesUnavailable: ``settings.job_resources`` names a mode this
             machine cannot do.
     """
-    run_as = resolve_unprivileged_user(settings.job_user)
     logger = log.get("agent").bind(worker_id=settings.worker_id)
-    settings = await container_settings(settings, logger)
-    # The cgroups of jobs whose supervisors still run stay: this agent takes them over.
+    # The cgroups (and uids) of jobs whose supervisors still run stay: this agent takes them over.
     live = adoption.supervised_job_folders(str(Path(settings.work_dir) / FENCE_DEADLINE_FILE))
-    settings, resources = await resource_settings(settings, logger, keep=live)
+    run_as, identities = await job_identities(settings, logger, live=live)
+    try:
+        settings = await container_settings(settings, logger)
+        settings, resources = await resource_settings(settings, logger, keep=live)
+    except BaseException:
+        if identities is not None:
+            identities.close()
+        raise
     client: ControlPlaneClient | None = None
     if control_plane is None:
         client = ControlPlaneClient(
@@ -123,13 +133,67 @@ async def run_agent(
                 leave_turns=leave_turns,
                 runner=job_runner(spawner or own_spawner),
                 run_as=run_as,
+                identities=identities,
                 resources=resources,
             )
             await _serve_agent(agent, settings, task_status=task_status)
     finally:
         resources.close()  # every job has ended (and its cgroup is gone): the worker's folder
+        if identities is not None:
+            identities.close()  # every job's uid is given back: the block is free for others
         if client is not None:
             client.close()
+
+
+async def job_identities(
+    settings: AgentSettings, logger: Any, *, live: frozenset[str]
+) -> tuple[RunAs | None, JobIdentities | None]:
+    """Who the worker's jobs run as, logged: as root without ``job_user``, a uid each from its
+    pool (claimed, the uids of the jobs in the ``live`` folders held, what the others left
+    removed); else ``job_user`` as root, or this process's user.
+
+    Raises:
+        runtime.os_users.UserNotCreated, agent.identities.NoUidBlock: as :func:`run_agent` says.
+    """
+    if os.geteuid() != 0 or settings.job_user:
+        run_as = resolve_unprivileged_user(settings.job_user)
+        if os.geteuid() == 0:
+            logger.warning(
+                "jobs run as one shared user: each can reach the others' files and processes",
+                job_user=run_as.name,
+                uid=run_as.uid,
+            )
+        else:
+            logger.warning(
+                "jobs run as the agent's own user (it is not root): they are not kept apart",
+                user=run_as.name,
+                uid=run_as.uid,
+            )
+        return run_as, None
+
+    def claim() -> tuple[JobIdentities, list[int]]:
+        identities = JobIdentities.claim(settings, logger=logger)
+        try:
+            jobs_dir = Path(settings.work_dir).resolve() / "jobs"
+            for name in live:
+                record = job_record.read_record(jobs_dir / name)
+                if record is not None and record.job_uid is not None:
+                    identities.hold(record.job_uid)
+            return identities, identities.sweep(jobs_dir)
+        except BaseException:
+            identities.close()
+            raise
+
+    identities, stuck = await trio.to_thread.run_sync(claim)
+    pool = identities.pool
+    logger.info(
+        "jobs run as a uid each",
+        first_uid=pool.first_uid,
+        last_uid=pool.last_uid,
+        held=len(pool.held),
+        quarantined=stuck,
+    )
+    return None, identities
 
 
 async def _serve_agent(agent: Agent, settings: AgentSettings, *, task_status: trio.TaskStatus[Agent]) -> None:

@@ -25,6 +25,7 @@ from agent import adoption, job_record
 from agent.acceptance import Admission
 from agent.adoption import Found, ReaperWatch, Verdict
 from agent.fence import FenceClock, monotonic_of, trio_time_of
+from agent.identities import JobIdentities
 from agent.job_env import job_environment
 from agent.job_record import JobRecord
 from agent.job_results import JobResult, oom_killed
@@ -58,7 +59,11 @@ class RunningJobs:
     fence_now: Callable[[], None]
     logger: Any
     run_as: RunAs | None = None
-    """Who command jobs run as (the agent's resolved ``job_user``); None: the agent's user."""
+    """Who command jobs run as (the agent's resolved ``job_user``); None: the agent's user.
+    Not used for jobs given a uid of their own by ``identities``."""
+    identities: JobIdentities | None = None
+    """The pool that gives each command and container job a uid of its own (a root agent's,
+    :mod:`agent.identities`); None: every job runs as ``run_as``."""
     resources: JobResources | None = None
     """How command jobs' ``cpu_millis`` and ``memory_mb`` are enforced (:mod:`agent.resources`);
     None: not at all."""
@@ -180,6 +185,17 @@ class RunningJobs:
         if job.stop.is_set():
             self._end_unstarted(job)
             return
+        if self.identities is not None and forks(runtime):
+            own = self.identities.run_as()
+            if own is None:
+                pool = self.identities.pool
+                self._fail_unstarted(
+                    job,
+                    f"not started: no free job uid (pool {pool.first_uid}-{pool.last_uid}: "
+                    f"{len(pool.held)} held, {len(pool.quarantined)} quarantined)",
+                )
+                return
+            job.job_uid = own.uid
         try:
             # Written just before the job begins, with no checkpoint in between (the checker
             # relies on it), and never for a job that was stopped first.
@@ -214,12 +230,13 @@ class RunningJobs:
                 started_monotonic_s=monotonic_of(job.started_at),
                 start_line_s=job.start_line_s,
                 began_monotonic_s=monotonic_of(job.started_at),
+                job_uid=job.job_uid,
             ),
         )
         options = runner_options(
             order,
             self.settings,
-            run_as=self.run_as,
+            run_as=self._run_as(job),
             resources=self.resources,
             on_spawned=lambda pid: self._record_reaper(job, pid),
         )
@@ -252,10 +269,16 @@ class RunningJobs:
             stop_grace_s=self.settings.stop_grace_s,
             fence_deadline_path=self.fence.path,
             job_nice=self.settings.job_nice,
-            run_as=self.run_as,
+            run_as=self._run_as(job),
             pause=self.fence,
             **options,
         )
+
+    def _run_as(self, job: Job) -> RunAs | None:
+        """Who ``job`` runs as: its own uid (and gid), else the agent's ``run_as``."""
+        if job.job_uid is None:
+            return self.run_as
+        return RunAs(uid=job.job_uid, gid=job.job_uid, name=f"uid {job.job_uid}")
 
     def _report(self, job: Job, **outcome: Any) -> None:
         """Queue ``job``'s outcome (the :class:`Outcome` fields other than its ids) for the
@@ -276,9 +299,13 @@ class RunningJobs:
         job.done.set()
 
     def _release(self, job: Job) -> None:
-        """Forget a job that has really ended and free its reservation."""
+        """Forget a job that has really ended and free its reservation; its uid goes back to
+        the pool once what it left is removed (in the background)."""
         self.admission.job_ended(job.order.assignment_id, finished=job.reported)
         self._jobs.pop(job.order.assignment_id, None)
+        uid, job.job_uid = job.job_uid, None
+        if uid is not None and self.identities is not None and self.nursery is not None:
+            self.nursery.start_soon(self.identities.release, uid, job.job_dir)
 
     def _job_ended(self, job: Job, result: JobResult) -> None:
         try:
@@ -380,6 +407,8 @@ class RunningJobs:
         """A job of the previous agent process, from its record: its reservation held, added."""
         record = found.record
         job = Job.taken_over(record, found.job_dir)
+        if record.job_uid is not None and self.identities is not None:
+            self.identities.hold(record.job_uid)
         self.admission.reserve(record.assignment_id, cpu_millis=record.cpu_millis, memory_mb=record.memory_mb)
         self._put(job)
         return job

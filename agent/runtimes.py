@@ -33,7 +33,16 @@ JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
 """The ``PATH`` of every command job (and of its reaper, which searches it for the program)."""
 WORK_SUBDIR = "work"
 """The working directory and ``HOME`` of a job that runs as another user: this folder inside
-its job folder, owned by that user (the job folder itself stays the agent's)."""
+its job folder, owned by that user, mode 0700 (the job folder itself stays the agent's)."""
+
+
+def private_job_dir(job_dir: Path, run_as: RunAs) -> None:
+    """Close ``job_dir`` (the agent's) to all but its job: group ``run_as.gid`` (a job's own
+    gid: :mod:`agent.identities`), mode 0710, so the job may pass through it to its ``work/``
+    (its ``HOME``, by path too) and nobody else may enter; its parents searchable by all."""
+    os.chown(job_dir, os.geteuid(), run_as.gid, follow_symlinks=False)
+    job_dir.chmod(0o710)
+    ensure_traversable(job_dir.parent)
 
 
 @attrs.frozen(kw_only=True)
@@ -315,7 +324,7 @@ async def _run_command(
                 home = job_dir / WORK_SUBDIR
                 home.mkdir(mode=0o700, exist_ok=True)
                 chown(home, run_as)
-                ensure_traversable(job_dir)  # the job may reach its HOME by path, not only as its cwd
+                private_job_dir(job_dir, run_as)
             command = partial(
                 reaper.reaper_argv,
                 sys.executable,

@@ -20,6 +20,7 @@ from agent.acceptance import Admission
 from agent.control_plane import ControlPlane
 from agent.dbclock import DatabaseClock
 from agent.fence import FENCE_DEADLINE_FILE, FenceClock, fence_after_s, monotonic_of, told_refusal
+from agent.identities import JobIdentities
 from agent.joblog import JobLog, LogEvent
 from agent.messages import HeartbeatReport, Outcome, StopReason
 from agent.resources import JobResources
@@ -48,6 +49,7 @@ class AgentState(abc.ABC):
         leave_turns: trio.CapacityLimiter | None = None,
         runner: JobRunner | None = None,
         run_as: RunAs | None = None,
+        identities: JobIdentities | None = None,
         resources: JobResources | None = None,
         rng: random.Random | None = None,
     ) -> None:
@@ -90,6 +92,7 @@ class AgentState(abc.ABC):
             fence_if_due=self._fence_if_due,
             fence_now=self._fence_now,
             run_as=run_as,
+            identities=identities,
             resources=resources,
             logger=self._logger,
         )

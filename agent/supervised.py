@@ -14,6 +14,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 import trio
 
@@ -44,7 +45,7 @@ def popen_supervisor(
     started_r, started_w = os.pipe()  # close-on-exec: only the supervisor gets started_w (pass_fds)
     try:
         argv = command(started_w)
-        with stdout_path.open("ab") as out, stderr_path.open("ab") as err:
+        with _private_append(stdout_path) as out, _private_append(stderr_path) as err:
             proc = subprocess.Popen(
                 argv,
                 cwd=job_dir,
@@ -63,6 +64,18 @@ def popen_supervisor(
         os.close(started_w)
     os.set_blocking(started_r, False)
     return proc, started_r
+
+
+def _private_append(path: Path) -> BinaryIO:
+    """``path`` opened to append, mode 0600 (created so, or made so): a job's output is read
+    only by the agent, never by another job (docs/tenancy.md, "Identities")."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        return os.fdopen(fd, "ab")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _read_started(fd: int) -> bytes:

@@ -83,6 +83,46 @@ JOB_RESOURCES_CHOICES = (AUTO, "cgroup2", "cgroup1", "rlimit")
 _USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 """A system user name ``useradd`` takes (and that cannot pass for one of its options)."""
 
+SHARED_JOB_USER = "stockade-job"
+"""The name the documentation gives the one shared job user (``job_user``), when an operator
+wants the shared mode."""
+
+MIN_JOB_UID = 1000
+"""The lowest uid a ``job_uids`` range may hold: below it are the system's own accounts."""
+MAX_JOB_UID = 2**31 - 2
+"""The highest uid a ``job_uids`` range may hold: 2**31 - 1 and above are refused or mean
+"no user" (-1) to some tools and kernels' interfaces."""
+
+
+def uid_range(value: object) -> tuple[int, int] | None:
+    """``job_uids`` from the option's text ``"START-END"`` (both included), a pair, or
+    None/``""`` (none: the agent claims a block itself).
+
+    Raises:
+        InvalidArgument: not ``START-END``, uid 0 or below :data:`MIN_JOB_UID`, above
+            :data:`MAX_JOB_UID`, or START above END; the message names the field and value.
+    """
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        first, sep, last = value.strip().partition("-")
+        if not (sep and first.isdigit() and last.isdigit()):
+            raise InvalidArgument("job_uids", value, "must be START-END, two uids, e.g. 200000-299999")
+        pair = (int(first), int(last))
+    elif isinstance(value, tuple | list) and len(value) == 2 and all(type(v) is int for v in value):
+        pair = (value[0], value[1])
+    else:
+        raise InvalidArgument("job_uids", value, "must be START-END, two uids, e.g. 200000-299999")
+    if pair[0] == 0:
+        raise InvalidArgument("job_uids", value, "must not hold uid 0 (root)")
+    if pair[0] < MIN_JOB_UID:
+        raise InvalidArgument("job_uids", value, f"must start at uid {MIN_JOB_UID} or above")
+    if pair[1] > MAX_JOB_UID:
+        raise InvalidArgument("job_uids", value, f"must end at uid {MAX_JOB_UID} or below")
+    if pair[0] > pair[1]:
+        raise InvalidArgument("job_uids", value, "must have START at most END")
+    return pair
+
 
 MAX_OUTPUT_MB = 1_048_576
 """The largest ``max_output_mb`` (1 TiB)."""
@@ -244,10 +284,18 @@ class AgentSettings:
     else cgroup1, else rlimit), or one of ``cgroup2``, ``cgroup1``, ``rlimit`` (the agent
     refuses to start when the machine cannot do it). Registered as the label ``resources``."""
 
-    job_user: str = attrs.field(default="stockade-job")
-    """The system user command jobs run as when the agent runs as root (created as a system
-    account without home or login shell on first use); never ``root`` or uid 0. Ignored when
-    the agent is not root: jobs then run as the agent's user."""
+    job_user: str = attrs.field(default="")
+    """The one system user every command and container job runs as when the agent runs as root
+    (created as a system account without home or login shell on first use; never ``root`` or
+    uid 0): the shared, weaker mode, in which jobs can reach each other's processes and files.
+    Empty (the default): each job runs as a uid of its own from the worker's pool (``job_uids``;
+    docs/tenancy.md, "Identities"). Ignored when the agent is not root: jobs then run as the
+    agent's user."""
+    job_uids: tuple[int, int] | None = attrs.field(default=None, converter=uid_range)
+    """The uids (first, last, both included) a root agent gives its jobs, one each, none held
+    by two running jobs (``--job-uids START-END``); at least ``min(cpu_millis, memory_mb)`` of
+    them (the most jobs the worker can run at once). None: the agent claims a free block of its
+    own (:mod:`agent.identities`). Ignored when the agent is not root or ``job_user`` is set."""
 
     output: OutputSettings = attrs.field(factory=OutputSettings)
     """How the jobs' output files are capped, kept and served."""
@@ -260,6 +308,8 @@ class AgentSettings:
 
     @job_user.validator
     def _job_user(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if value == "":
+            return
         if value == "root" or (isinstance(value, str) and value.isdigit()):
             raise InvalidArgument("job_user", value, "must name a user other than root (uid 0)")
         if not isinstance(value, str) or not _USER_NAME.fullmatch(value):
@@ -301,7 +351,30 @@ class AgentSettings:
     def _labels(self, attribute: attrs.Attribute[dict[str, str]], value: dict[str, str]) -> None:
         identifiers.check_labels(value, field="labels")
 
+    @property
+    def most_jobs_at_once(self) -> int:
+        """The most jobs the worker can run at once, each asking at least 1 millicore and 1 MiB:
+        ``min(cpu_millis, memory_mb)``, so the fewest uids its pool of job uids may hold."""
+        return min(self.cpu_millis, self.memory_mb)
+
     def __attrs_post_init__(self) -> None:
+        if self.job_uids is not None:
+            first, last = self.job_uids
+            if self.job_user:
+                raise InvalidArgument(
+                    "job_uids",
+                    f"{first}-{last}",
+                    f"must not be set with job_user = {self.job_user!r} (one shared user, or a uid per job)",
+                )
+            if last - first + 1 < self.most_jobs_at_once:
+                raise InvalidArgument(
+                    "job_uids",
+                    f"{first}-{last}",
+                    f"must hold at least min(cpu_millis, memory_mb) = min({self.cpu_millis}, "
+                    f"{self.memory_mb}) = {self.most_jobs_at_once} uids, one per job the worker can run "
+                    "at once",
+                    detail=f"it holds {last - first + 1}",
+                )
         check_not_below(self, "register_retry_max_s", "register_retry_s")
         check_not_below(self, "heartbeat_interval_max_s", "heartbeat_interval_min_s")
         if not self.heartbeat_interval_min_s <= self.heartbeat_interval_s <= self.heartbeat_interval_max_s:

@@ -20,6 +20,7 @@ import pytest
 from ops import rpc
 from ops.cluster import LocalCluster, UpResult
 from protocol import pb
+from runtime.os_users import ensure_traversable
 
 pytestmark = pytest.mark.e2e
 
@@ -171,18 +172,24 @@ def test_logs_follow_goes_on_through_another_control_plane_when_its_own_is_kille
 
 
 def test_logs_follow_goes_on_through_the_runs_of_a_job_that_is_retried(
-    cluster: tuple[LocalCluster, UpResult],
+    cluster: tuple[LocalCluster, UpResult], tmp_path: Path
 ) -> None:
     """A job that fails its first run and succeeds its second (max_attempts 2): followed from
     submission, each run's output comes in turn, with a notice between them naming the new
     run, and the command exits 0 once the job has succeeded."""
     _, ready = cluster
     client = Client(ready)
-    marker = Path("/tmp") / f"stockade-logs-retry-{uuid.uuid4().hex}"
+    # Not in /tmp itself: what a run's uid leaves there is removed when the run ends
+    # (docs/tenancy.md); a folder the test shares with the jobs keeps it.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    ensure_traversable(shared)
+    marker = shared / f"stockade-logs-retry-{uuid.uuid4().hex}"
     script = (
         "import os, sys, time\n"
         f"first = not os.path.exists({str(marker)!r})\n"
-        f"open({str(marker)!r}, 'a').close()\n"
+        f"first and open({str(marker)!r}, 'a').close()\n"  # the second run's uid may not open it
         "print('first run' if first else 'second run', flush=True)\n"
         "time.sleep(0.5)\n"
         "sys.exit(1 if first else 0)\n"

@@ -59,10 +59,12 @@ def start(
 
 
 def writer(folder: Path, index: int, *, gated: bool = True) -> pb.JobSpec:
-    """A job writing a line every 0.2 s: until the gate file exists, or ``LINES`` lines."""
+    """A job writing a line every 0.2 s: until the gate file exists, or ``LINES`` lines. Each
+    run of a job is a uid of its own (docs/tenancy.md), so the file is made writable by all
+    (umask 0): a later run appends to what an earlier one began."""
     path = folder / f"job-{index}"
     until = f"[ ! -e {folder / GATE} ]" if gated else f"[ $i -lt {LINES} ]"
-    loop = f"i=0; while {until}; do echo $i $(date +%s.%N) >> {path}; sleep 0.2; i=$((i+1)); done"
+    loop = f"umask 0; i=0; while {until}; do echo $i $(date +%s.%N) >> {path}; sleep 0.2; i=$((i+1)); done"
     return pb.JobSpec(
         name=f"writer-{index}",
         cpu_millis=100,
@@ -72,10 +74,12 @@ def writer(folder: Path, index: int, *, gated: bool = True) -> pb.JobSpec:
 
 
 def shared_folder(tmp_path: Path) -> Path:
-    """A folder the jobs may write (they run as the agent's job user when the tests run as root)."""
+    """A folder the jobs may write (each runs as a uid of its own when the tests run as root);
+    not sticky, so that a run may append to a file an earlier run (another uid) made, which a
+    sticky folder refuses where ``fs.protected_regular`` is set."""
     folder = tmp_path / "out"
     folder.mkdir()
-    folder.chmod(0o1777)
+    folder.chmod(0o777)
     ensure_traversable(folder)
     return folder
 

@@ -12,7 +12,6 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import attrs
 import pytest
 import trio
 
@@ -23,7 +22,7 @@ from agent.messages import JobState
 from agent.runtimes import RunOptions, run_job
 from runtime.jobs import CommandRuntime, SleepRuntime
 from runtime.os_users import RunAs, resolve_unprivileged_user
-from runtime.settings.agent import AgentSettings
+from runtime.settings.agent import SHARED_JOB_USER
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="command jobs need Linux")
 
@@ -349,8 +348,8 @@ async def test_a_start_held_during_a_pause_is_refused_at_the_kill_deadline(tmp_p
 
 
 def _job_user() -> RunAs:
-    """The agent's default job user (created on first use when the tests run as root)."""
-    return resolve_unprivileged_user(attrs.fields(AgentSettings).job_user.default)
+    """The shared job user (created on first use when the tests run as root)."""
+    return resolve_unprivileged_user(SHARED_JOB_USER)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")

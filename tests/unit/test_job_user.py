@@ -12,9 +12,10 @@ from runtime import os_users
 from runtime.errors import InvalidArgument
 
 
-def test_job_user_defaults_to_stockade_job(tmp_path: Path) -> None:
-    """Without a job_user, command jobs of a root agent run as ``stockade-job``."""
-    assert agent_settings(tmp_path).job_user == "stockade-job"
+def test_job_user_defaults_to_none_so_each_job_gets_a_uid(tmp_path: Path) -> None:
+    """Without a job_user, a root agent gives each job a uid of its own (no shared user)."""
+    settings = agent_settings(tmp_path)
+    assert (settings.job_user, settings.job_uids) == ("", None)
 
 
 @pytest.mark.parametrize("value", ["root", "0", "000"])
@@ -24,9 +25,9 @@ def test_job_user_root_is_refused(tmp_path: Path, value: str) -> None:
         agent_settings(tmp_path, job_user=value)
 
 
-@pytest.mark.parametrize("value", ["", " nobody", "a/b", "a:b", "-D", ".x", "a" * 33])
+@pytest.mark.parametrize("value", [" nobody", "a/b", "a:b", "-D", ".x", "a" * 33])
 def test_job_user_must_be_a_user_name(tmp_path: Path, value: str) -> None:
-    """An empty or malformed job_user is refused, naming the field."""
+    """A malformed job_user is refused, naming the field."""
     with pytest.raises(InvalidArgument, match="job_user must be a user name"):
         agent_settings(tmp_path, job_user=value)
 

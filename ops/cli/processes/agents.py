@@ -139,8 +139,19 @@ WORKER_OPTIONS: dict[str, Option] = {
     ),
     **_agent(
         "job_user",
-        help="When the agent runs as root, run command jobs as this system user (created on first "
-        "use; never root). Ignored when the agent is not root: jobs run as its user.",
+        help="When the agent runs as root, run every command and container job as this one system "
+        "user (created on first use; never root): the shared, weaker mode, in which jobs can reach "
+        "each other. Default: a uid of its own for each job (see --job-uids). Ignored when the "
+        "agent is not root: jobs run as its user.",
+    ),
+    "job_uids": Option(
+        "",
+        group="agent",
+        metavar="START-END",
+        help="When the agent runs as root, give each running job one uid (and gid) of this range "
+        "(1000..2147483646) that no other running job holds; it must hold min(cpu_millis, memory_mb) "
+        "uids. A fleet splits it evenly among its workers. Default: a free block of its own from "
+        "uid 2**30 up, locked under /run/stockade/uid-blocks.",
     ),
     "max_output_mb": Option(
         _OUTPUT.max_output_mb,
@@ -190,7 +201,8 @@ def _check(options: Options) -> None:
 
     check_nice(options["nice"])
     check_oom_score_adj(options["oom_score_adj"])
-    resolve_unprivileged_user(options["job_user"])  # refuse to start without the job user
+    if options["job_user"]:
+        resolve_unprivileged_user(options["job_user"])  # refuse to start without the job user
 
 
 def _fleet_certificate(folder: Path | None, fleet_id: str, worker_ids: list[str]) -> TlsFiles | None:

@@ -1,0 +1,316 @@
+"""Each job in an identity of its own: a root agent's pool of uids (:class:`UidPool`), one per
+running command or container job, from a block of uids no other agent on the machine uses
+(:func:`claim_block`), given out again only once nothing of its last job is left
+(:class:`JobIdentities`, over :mod:`agent.uid_cleanup`). docs/tenancy.md, "Identities".
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from agent import uid_cleanup
+from runtime.errors import PermanentError
+from runtime.os_users import RunAs
+from runtime.settings.agent import MAX_JOB_UID, AgentSettings
+
+UID_BLOCK_DIR = Path("/run/stockade/uid-blocks")
+"""The machine-wide folder of the blocks' lock files: an agent holds an exclusive ``flock`` on
+each of its block's files for its life, so no two agents (or fleets' workers) share a uid."""
+BLOCK_BASE_UID = 2**30
+"""The first uid of the first block an agent claims itself (far above any uid a system or a
+directory service hands out)."""
+BLOCK_UIDS = 65_536
+"""The uids of one lock file's block; an agent that needs more claims consecutive blocks."""
+BLOCK_COUNT = (MAX_JOB_UID + 1 - BLOCK_BASE_UID) // BLOCK_UIDS
+"""How many blocks there are from :data:`BLOCK_BASE_UID` up to ``MAX_JOB_UID``."""
+CLEANUP_THREADS = 2
+"""Most clean-ups of one worker's uids at once, each in a thread of its own (a ``/proc`` scan
+and a walk of the temp folders): many jobs ending together wait their turn rather than take
+every thread trio lends."""
+BLOCK_RECORD = "uid-block"
+"""In the worker's work folder: the block its agent claimed, ``FIRST-LAST``, claimed again
+first by the next agent process there (so that jobs it takes over keep their uids)."""
+
+
+class NoUidBlock(PermanentError):
+    """No block of uids could be claimed: every block is held by another agent, or the range
+    the operator set (``job_uids``) is another agent's on this machine."""
+
+
+@attrs.define(eq=False)
+class UidBlock:
+    """The uids ``first_uid``..``last_uid`` (both included), held through the lock files'
+    descriptors ``fds`` until :meth:`close`."""
+
+    first_uid: int
+    last_uid: int
+    fds: list[int] = attrs.field(factory=list)
+
+    def close(self) -> None:
+        """Give the block up (closing its lock files drops their locks)."""
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds.clear()
+
+
+def _lock(path: Path) -> int | None:
+    """An open descriptor of ``path`` (created 0600) holding an exclusive flock; None when
+    another open file holds it. Close-on-exec: a job's reaper never keeps a block locked."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _lock_all(paths: list[Path]) -> list[int] | None:
+    """Lock every one of ``paths`` (:func:`_lock`), or none of them (None)."""
+    fds: list[int] = []
+    for path in paths:
+        fd = _lock(path)
+        if fd is None:
+            for held in fds:
+                os.close(held)
+            return None
+        fds.append(fd)
+    return fds
+
+
+def _recorded(work_dir: Path) -> tuple[int, int] | None:
+    """The block recorded in ``work_dir`` (:data:`BLOCK_RECORD`); None when there is none."""
+    try:
+        first, _, last = (work_dir / BLOCK_RECORD).read_text().strip().partition("-")
+        return int(first), int(last)
+    except (OSError, ValueError):
+        return None
+
+
+def _uids_running(low: int) -> set[int]:
+    """The uids at or above ``low`` some process of this machine has."""
+    return {uid for held in uid_cleanup.process_uids().values() for uid in held if uid >= low}
+
+
+def claim_block(
+    needed: int,
+    *,
+    work_dir: Path,
+    job_uids: tuple[int, int] | None = None,
+    lock_dir: Path = UID_BLOCK_DIR,
+) -> UidBlock:
+    """Claim the uids of one worker's pool for this process's life, and record them in
+    ``work_dir``.
+
+    ``job_uids`` (the operator's range) is locked as one block. Else ``needed`` uids are
+    claimed in whole blocks of :data:`BLOCK_UIDS` from :data:`BLOCK_BASE_UID` up: the block
+    recorded in ``work_dir`` first (a restarted agent keeps its jobs' uids), then the first
+    free one whose uids no process has (not one a killed agent's jobs still run in).
+
+    Raises:
+        NoUidBlock: no block is free, or ``job_uids`` is another agent's.
+        OSError: ``lock_dir`` or the record cannot be written.
+    """
+    lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if job_uids is not None:
+        first, last = job_uids
+        fds = _lock_all([lock_dir / f"range-{first}-{last}.lock"])
+        if fds is None:
+            raise NoUidBlock(f"job_uids {first}-{last} is held by another agent on this machine")
+        return _recording(UidBlock(first, last, fds), work_dir)
+    count = max(1, -(-needed // BLOCK_UIDS))
+
+    def paths(index: int) -> list[Path]:
+        return [lock_dir / f"{BLOCK_BASE_UID + (index + i) * BLOCK_UIDS}.lock" for i in range(count)]
+
+    def block(index: int, fds: list[int]) -> UidBlock:
+        first = BLOCK_BASE_UID + index * BLOCK_UIDS
+        return UidBlock(first, first + count * BLOCK_UIDS - 1, fds)
+
+    recorded = _recorded(work_dir)
+    if recorded is not None and (recorded[0] - BLOCK_BASE_UID) % BLOCK_UIDS == 0:
+        index = (recorded[0] - BLOCK_BASE_UID) // BLOCK_UIDS
+        if 0 <= index <= BLOCK_COUNT - count and recorded[1] == block(index, []).last_uid:
+            fds = _lock_all(paths(index))
+            if fds is not None:
+                return _recording(block(index, fds), work_dir)
+    running = _uids_running(BLOCK_BASE_UID)
+    for index in range(BLOCK_COUNT - count + 1):
+        first, last = block(index, []).first_uid, block(index, []).last_uid
+        if any(first <= uid <= last for uid in running):
+            continue
+        fds = _lock_all(paths(index))
+        if fds is not None:
+            return _recording(block(index, fds), work_dir)
+    raise NoUidBlock(f"every block of {count * BLOCK_UIDS} uids from {BLOCK_BASE_UID} up is held")
+
+
+def _recording(block: UidBlock, work_dir: Path) -> UidBlock:
+    """``block``, once recorded in ``work_dir`` (closed when it cannot be)."""
+    try:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        tmp = work_dir / f"{BLOCK_RECORD}.tmp"
+        tmp.write_text(f"{block.first_uid}-{block.last_uid}\n")
+        os.replace(tmp, work_dir / BLOCK_RECORD)
+    except BaseException:
+        block.close()
+        raise
+    return block
+
+
+@attrs.define(eq=False)
+class UidPool:
+    """The uids ``first_uid``..``last_uid`` of one worker: each given to one job at a time,
+    the one given back longest ago first (a uid's last job is as far in the past as it can be)."""
+
+    first_uid: int
+    last_uid: int
+    _free: collections.deque[int] = attrs.field(init=False)
+    held: set[int] = attrs.field(init=False, factory=set)
+    """Uids a running job has (or whose job's leftovers are being removed)."""
+    quarantined: set[int] = attrs.field(init=False, factory=set)
+    """Uids whose clean-up failed: never given out again by this process."""
+
+    def __attrs_post_init__(self) -> None:
+        self._free = collections.deque(range(self.first_uid, self.last_uid + 1))
+
+    def __contains__(self, uid: int) -> bool:
+        return self.first_uid <= uid <= self.last_uid
+
+    @property
+    def free_count(self) -> int:
+        """How many uids can be given out now."""
+        return len(self._free)
+
+    def claim(self) -> int | None:
+        """The free uid given back longest ago (held from now on); None when none is free."""
+        if not self._free:
+            return None
+        uid = self._free.popleft()
+        self.held.add(uid)
+        return uid
+
+    def hold(self, uid: int) -> None:
+        """Mark ``uid`` held (a job taken over from the previous agent process runs as it)."""
+        if uid in self.held or uid not in self:
+            return
+        with contextlib.suppress(ValueError):
+            self._free.remove(uid)
+        self.held.add(uid)
+
+    def give_back(self, uid: int) -> None:
+        """Make a held ``uid`` free again, given out after every uid free before it."""
+        if uid in self.held:
+            self.held.discard(uid)
+            self._free.append(uid)
+
+    def quarantine(self, uid: int) -> None:
+        """Never give ``uid`` out again."""
+        self.held.discard(uid)
+        with contextlib.suppress(ValueError):
+            self._free.remove(uid)
+        self.quarantined.add(uid)
+
+
+@attrs.define(eq=False, kw_only=True)
+class JobIdentities:
+    """A root agent's job uids: its pool, the block it holds, and the clean-up that decides
+    when a uid may be given out again. ``owner``: the agent's own (uid, gid), to which a job's
+    folder is given back."""
+
+    pool: UidPool
+    block: UidBlock | None = None
+    owner: tuple[int, int] = attrs.field(factory=lambda: (os.geteuid(), os.getegid()))
+    logger: Any = None
+    cleanups: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(CLEANUP_THREADS))
+    """The threads the clean-ups of this worker's uids may take at once."""
+
+    @classmethod
+    def claim(cls, settings: AgentSettings, *, logger: Any, lock_dir: Path = UID_BLOCK_DIR) -> JobIdentities:
+        """The pool of ``settings``' worker: ``job_uids`` (at least ``most_jobs_at_once``
+        uids, as the settings check), else a block of its own.
+
+        Raises:
+            NoUidBlock: no block could be claimed.
+        """
+        block = claim_block(
+            settings.most_jobs_at_once,
+            work_dir=Path(settings.work_dir),
+            job_uids=settings.job_uids,
+            lock_dir=lock_dir,
+        )
+        return cls(pool=UidPool(block.first_uid, block.last_uid), block=block, logger=logger)
+
+    def close(self) -> None:
+        """Give the block up (at the agent's end)."""
+        if self.block is not None:
+            self.block.close()
+
+    def run_as(self) -> RunAs | None:
+        """A uid for a job starting now (its gid the same, no other groups); None: none free."""
+        uid = self.pool.claim()
+        return None if uid is None else RunAs(uid=uid, gid=uid, name=f"uid {uid}")
+
+    def hold(self, uid: int) -> None:
+        """Keep ``uid`` (a job taken over runs as it) from being given out."""
+        self.pool.hold(uid)
+
+    async def release(self, uid: int, job_dir: Path | None) -> bool:
+        """Remove what the job of ``uid`` left (:func:`agent.uid_cleanup.clean_uids`, in a
+        thread; its ``job_dir`` given back to the agent), then give ``uid`` back; or, when
+        something is left, quarantine it and log what. Shielded; True when given back."""
+        with trio.CancelScope(shield=True):
+            folders = [] if job_dir is None else [job_dir]
+            problems = await trio.to_thread.run_sync(
+                lambda: uid_cleanup.clean_uids({uid}, folders, owner=self.owner), limiter=self.cleanups
+            )
+        if problems:
+            self.pool.quarantine(uid)
+            if self.logger is not None:
+                self.logger.error(
+                    "job uid quarantined: what its job left could not all be removed",
+                    uid=uid,
+                    problems=problems,
+                    quarantined=len(self.pool.quarantined),
+                )
+            return False
+        self.pool.give_back(uid)
+        return True
+
+    def sweep(self, jobs_dir: Path) -> list[int]:
+        """At the agent's start (blocking): remove what uids of the pool no job holds left
+        (an earlier agent process may have died before cleaning up): their processes, files in
+        the temp folders, IPC objects; give the job folders in ``jobs_dir`` they own back to
+        the agent. Uids whose processes outlive SIGKILL are quarantined; returns them."""
+        idle = set(range(self.pool.first_uid, self.pool.last_uid + 1)) - self.pool.held
+        left: set[int] = set()
+        if uid_cleanup.kill_processes(idle):
+            left = {uid for held in uid_cleanup.process_uids().values() for uid in held if uid in idle}
+        for uid in left:
+            self.pool.quarantine(uid)
+        folders = []
+        with contextlib.suppress(OSError):
+            for entry in jobs_dir.iterdir():
+                with contextlib.suppress(OSError):
+                    info = entry.lstat()
+                    if info.st_gid in idle or (entry / "work").lstat().st_uid in idle:
+                        folders.append(entry)
+        clean = idle - left
+        for folder in folders:
+            with contextlib.suppress(OSError):
+                uid_cleanup.give_back(folder, *self.owner)
+        uid_cleanup.remove_temp_files(clean, owner=self.owner)
+        uid_cleanup.remove_ipc(clean)
+        return sorted(left)

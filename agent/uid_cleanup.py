@@ -1,0 +1,205 @@
+"""What a job's uid leaves behind, and its removal before the uid is given to another job
+(:func:`clean_uids`): processes (a ``/proc`` scan), its job folder (given back to the agent),
+files in the world-writable temp folders (:func:`remove_temp_files`), SysV IPC objects.
+Blocking: run it in a thread."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import stat
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+TEMP_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
+"""The folders every user may write in, where a job's files outlive it."""
+KILL_WAIT_S = 5.0
+"""How long :func:`kill_processes` waits for a uid's processes to be gone, in seconds."""
+_IPC_RMID = 0
+_IPC_TABLES = {
+    # /proc/sysvipc file: (the id's column, the uid and cuid columns, the *ctl function)
+    "shm": (1, (7, 9), "shmctl"),
+    "msg": (1, (7, 9), "msgctl"),
+    "sem": (1, (4, 6), "semctl"),
+}
+
+
+def _process_uids(pid: str) -> tuple[int, ...] | None:
+    """The real, effective, saved and filesystem uids of process ``pid``; None when it is gone
+    or a zombie (it runs nothing and holds its pid until its parent reaps it)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as file:
+            for line in file:
+                if line.startswith(b"State:") and line.split()[1] == b"Z":
+                    return None
+                if line.startswith(b"Uid:"):
+                    return tuple(int(v) for v in line.split()[1:5])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def process_uids() -> dict[int, tuple[int, ...]]:
+    """Every process of this machine (pid -> its real, effective, saved and filesystem uids):
+    a ``/proc`` scan."""
+    found: dict[int, tuple[int, ...]] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                held = _process_uids(name)
+                if held is not None:
+                    found[int(name)] = held
+    return found
+
+
+def processes_of(uids: Iterable[int]) -> dict[int, int]:
+    """Every process (pid -> its real uid) any of whose uids (real, effective, saved,
+    filesystem) is one of ``uids``."""
+    wanted = set(uids)
+    return {pid: held[0] for pid, held in process_uids().items() if wanted.intersection(held)}
+
+
+def kill_processes(uids: Iterable[int], *, wait_s: float = KILL_WAIT_S) -> list[int]:
+    """SIGKILL every process of ``uids`` (:func:`processes_of`) until none is left, or
+    ``wait_s`` seconds have passed; the pids still there (empty: none left). A process forked
+    between two scans is found by the next one: the uid cannot hide in a new pid."""
+    uids = set(uids)
+    until = time.monotonic() + wait_s
+    while True:
+        left = processes_of(uids)
+        if not left:
+            return []
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() >= until:
+            return sorted(left)
+        time.sleep(0.01)
+
+
+def give_back(folder: Path, uid: int, gid: int) -> None:
+    """``chown -R`` ``folder`` to ``uid``:``gid`` without following symlinks (a link the job
+    left is changed itself, never what it names); a missing folder is fine.
+
+    Raises:
+        OSError: something under it could not be changed.
+    """
+    if not folder.exists() and not folder.is_symlink():
+        return
+    os.chown(folder, uid, gid, follow_symlinks=False)
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        for name in (*dirs, *files):
+            os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+
+
+def _reachable(info: os.stat_result, uids: set[int]) -> bool:
+    """Whether a job of one of ``uids`` (gid equal to its uid, no other groups) could search
+    the folder ``info`` describes (so what is under it may be its)."""
+    mode = info.st_mode
+    if info.st_uid in uids:
+        return bool(mode & stat.S_IXUSR)
+    if info.st_gid in uids:
+        return bool(mode & stat.S_IXGRP)
+    return bool(mode & stat.S_IXOTH)
+
+
+def _owned_under(root: str, uids: set[int]) -> Iterator[str]:
+    """What under ``root`` belongs to one of ``uids`` (a folder of theirs once, not what is in
+    it), descending only into folders such a job could search."""
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if info.st_uid in uids:
+            yield entry.path
+        elif stat.S_ISDIR(info.st_mode) and _reachable(info, uids):
+            yield from _owned_under(entry.path, uids)
+
+
+def remove_temp_files(
+    uids: Iterable[int], *, owner: tuple[int, int], folders: Iterable[str] = TEMP_FOLDERS
+) -> list[str]:
+    """Remove what ``uids`` own in ``folders`` (a folder of theirs with all it holds); what
+    they own deeper, in a folder of someone else's they could write to (a results folder an
+    operator shares with jobs), is given to ``owner`` instead (:func:`give_back`): kept, but no
+    later holder of the uid owns it. Returns what could not be removed or given."""
+    wanted = set(uids)
+    failed = []
+    for folder in folders:
+        for path in list(_owned_under(folder, wanted)):
+            try:
+                if os.path.dirname(path) != folder:
+                    give_back(Path(path), *owner)
+                elif os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                failed.append(path)
+    return failed
+
+
+def ipc_objects(uids: Iterable[int], sysvipc: str = "/proc/sysvipc") -> list[tuple[str, int]]:
+    """The SysV IPC objects (kind ``shm``/``msg``/``sem``, id) owned or created by ``uids``."""
+    wanted = {str(u) for u in uids}
+    found = []
+    for kind, (id_at, uid_at, _) in _IPC_TABLES.items():
+        try:
+            with open(os.path.join(sysvipc, kind)) as file:
+                lines = file.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) > max(uid_at) and any(cols[i] in wanted for i in uid_at):
+                found.append((kind, int(cols[id_at])))
+    return found
+
+
+def remove_ipc(uids: Iterable[int]) -> list[tuple[str, int]]:
+    """Remove the SysV IPC objects of ``uids`` (IPC_RMID); returns those that remain."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for kind, ident in ipc_objects(uids):
+        function = getattr(libc, _IPC_TABLES[kind][2])
+        if kind == "sem":
+            function(ident, 0, _IPC_RMID)
+        else:
+            function(ident, _IPC_RMID, None)
+    return ipc_objects(uids)
+
+
+def clean_uids(
+    uids: Iterable[int], folders: Iterable[Path], *, owner: tuple[int, int], wait_s: float = KILL_WAIT_S
+) -> list[str]:
+    """Remove what ``uids`` left: their processes (waiting ``wait_s`` seconds at most for them
+    to be gone), then (nothing of theirs running any more)
+    their files in the temp folders and their IPC objects; ``folders`` (their jobs' work
+    folders) are given to ``owner`` (uid, gid: the agent's). Returns what could not be
+    cleaned, one line each (empty: nothing of ``uids`` is left, they may be given out)."""
+    uids = set(uids)
+    problems = []
+    left = kill_processes(uids, wait_s=wait_s)
+    if left:
+        # While a process lives it can make new files: nothing after this is worth doing.
+        return [f"processes still running after SIGKILL: {left[:10]}"]
+    for folder in folders:
+        try:
+            give_back(folder, *owner)
+        except OSError as exc:
+            problems.append(f"cannot give {folder} back to uid {owner[0]}: {exc}")
+    problems.extend(f"cannot remove {path}" for path in remove_temp_files(uids, owner=owner))
+    problems.extend(f"cannot remove SysV {kind} {ident}" for kind, ident in remove_ipc(uids))
+    return problems
