@@ -54,6 +54,9 @@ def usage_line(exc: UsageError) -> str:
         return f"{params.param_field(exc.param)} {rule}"
     if isinstance(exc, BadOptionUsage) and " requires " in exc.message:  # the value left off
         return f"{exc.option_name} must be given a value{hint}"
+    if isinstance(exc, NoSuchOption) and re.fullmatch(r"-\d+(\.\d*)?", exc.option_name or ""):
+        # A negative number where an argument goes (`stockade job -1`) reads as an option.
+        return f"{exc.option_name} is not a valid argument: no argument of `{command}` is negative{hint}"
     if isinstance(exc, NoSuchOption):
         guess = f" (did you mean {' or '.join(sorted(exc.possibilities))}?)" if exc.possibilities else ""
         return f"`{command}` has no option {exc.option_name}{guess}{hint}"

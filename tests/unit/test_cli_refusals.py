@@ -74,11 +74,17 @@ def test_a_bad_value_is_one_line_naming_the_field_the_rule_and_the_value(args: l
             "got unexpected extra argument(s) (2); `stockade job --help` lists what it takes",
         ),
         (["bench", "nope"], "no such command 'nope'; `stockade bench --help` lists what it takes"),
+        (
+            ["job", "-1", *CP],
+            "-1 is not a valid argument: no argument of `stockade job` is negative; "
+            "`stockade job --help` lists what it takes",
+        ),
     ],
 )
 def test_a_missing_or_unknown_part_is_one_line_naming_it_and_the_help(args: list[str], line: str) -> None:
-    """A missing argument or option, an unknown option or command, or one argument too many is
-    refused in one line that names it and the command whose --help lists what it takes."""
+    """A missing argument or option, an unknown option or command, one argument too many, or a
+    negative number where an argument goes (read as an option) is refused in one line that
+    names it and the command whose --help lists what it takes."""
     result = CliRunner().invoke(app, args)
     assert (result.exit_code, result.stderr) == (EXIT_INVALID, f"error: {line}\n")
 
