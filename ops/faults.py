@@ -160,9 +160,14 @@ async def new_leader(
         The new leader, its epoch, and the seconds since ``since`` (``time.monotonic()``).
 
     Raises:
-        FaultError: none within ``timeout_s`` seconds.
+        FaultError: none within ``timeout_s`` seconds, or at once when no other control plane
+            runs (none could follow).
     """
-    addresses = [p.address for p in cluster.config().control_planes if p.id != old]
+    others = [p for p in cluster.config().control_planes if p.id != old]
+    if not any(cluster.live_process(p) is not None for p in others):
+        running = ", ".join(p.id for p in others) + " not running" if others else "there is no other"
+        raise FaultError(f"no new leader can follow {old}: no other control plane runs ({running})")
+    addresses = [p.address for p in others]
     probe = ControlPlaneClient(addresses, timeout_s=0.5, tls=tls)
     try:
         status = await _status_until(

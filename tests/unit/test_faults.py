@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import trio
 
-from ops.faults import FaultError, busiest_worker, jobs_moved
+from ops.faults import FaultError, busiest_worker, jobs_moved, new_leader
 from ops.launcher.state import StateDir
 from protocol import pb
 
@@ -80,3 +80,31 @@ async def test_jobs_not_moved_in_time_raise_a_fault_error(tmp_path: Path) -> Non
     client = _Jobs({1: pb.JobInfo(job_id=1, state="pending")})
     with pytest.raises(FaultError, match=r"the jobs of w-1 did not run elsewhere within 0\.2 s"):
         await jobs_moved(client, StateDir(tmp_path), "w-1", [1], KILLED_AT, timeout_s=0.2)  # type: ignore[arg-type]
+
+
+class _Stopped:
+    """A cluster of three control planes none of which runs."""
+
+    def config(self) -> Any:
+        class Spec:
+            def __init__(self, id: str) -> None:
+                self.id, self.address = id, f"127.0.0.1:{9000 + int(id[-1])}"
+
+        class Config:
+            control_planes = [Spec("cp-1"), Spec("cp-2"), Spec("cp-3")]
+
+        return Config()
+
+    def live_process(self, spec: Any) -> None:
+        return None
+
+
+async def test_no_new_leader_is_waited_for_when_no_other_control_plane_runs() -> None:
+    """Waiting for a new leader after cp-1 failed, with cp-2 and cp-3 not running, fails at
+    once naming them, rather than after the whole wait."""
+    with pytest.raises(FaultError) as caught, trio.fail_after(1):
+        await new_leader(_Stopped(), "cp-1", 3, since=0.0, timeout_s=30.0, tls=None)  # type: ignore[arg-type]
+    assert (
+        str(caught.value)
+        == "no new leader can follow cp-1: no other control plane runs (cp-2, cp-3 not running)"
+    )
