@@ -228,6 +228,9 @@ CREATE INDEX IF NOT EXISTS jobs_waiting ON jobs (id) WHERE state = 'waiting';
 CREATE INDEX IF NOT EXISTS jobs_by_array ON jobs (array_id, array_index) WHERE array_id IS NOT NULL;
 -- An account's jobs, newest first (queries.LIST_JOBS for a user or a scoped viewer).
 CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, id);
+-- An account's queued (pending and waiting) jobs, counted against its max_pending
+-- (check_max_pending) and shown by ListAccounts.
+CREATE INDEX IF NOT EXISTS jobs_queued_by_owner ON jobs (owner) WHERE state IN ('pending', 'waiting');
 
 -- ---------------------------------------------------------------- assignments
 
@@ -300,14 +303,31 @@ CREATE TABLE IF NOT EXISTS audit_log (
     actor_id    text        NOT NULL,
     account     text        NOT NULL,
     address     text        NOT NULL,
-    -- a new kind of change (account settings come next) adds its action here, in a migration
+    -- a new kind of change adds its action here, in a migration
     action      text        NOT NULL
-                CHECK (action IN ('submit', 'cancel', 'drain', 'cordon', 'uncordon')),
+                CHECK (action IN ('submit', 'cancel', 'drain', 'cordon', 'uncordon', 'account_set')),
     target_ids  jsonb       NOT NULL DEFAULT '[]',
     arguments   jsonb       NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS audit_log_by_account ON audit_log (account, id);
 CREATE INDEX IF NOT EXISTS audit_log_by_time ON audit_log (at);
+
+-- ---------------------------------------------------------------- accounts
+
+-- An account's quotas and fair-share weight (docs/quotas.md), set by an operator (SetAccount).
+-- An account without a row has no caps and weight 1; a NULL cap is no cap. cpu_millis and
+-- memory_mb cap what its assigned and running jobs hold (the placer leaves a job pending past
+-- them); max_pending caps its pending and waiting jobs (a submission past it is refused:
+-- check_max_pending). The limits are runtime/validation.py's check_account.
+CREATE TABLE IF NOT EXISTS accounts (
+    name         text             PRIMARY KEY,
+    cpu_millis   bigint           CHECK (cpu_millis >= 0),
+    memory_mb    bigint           CHECK (memory_mb >= 0),
+    max_pending  bigint           CHECK (max_pending >= 0),
+    weight       double precision NOT NULL DEFAULT 1
+                 CHECK (weight > 0 AND weight < 'infinity'::double precision),
+    updated_at   timestamptz      NOT NULL DEFAULT now()
+);
 
 -- ---------------------------------------------------------------- the schema's version
 
@@ -317,7 +337,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 -- This file's version: the newest migration's (actors/migrations/).
-INSERT INTO schema_version (version) VALUES (5) ON CONFLICT (version) DO NOTHING;
+INSERT INTO schema_version (version) VALUES (6) ON CONFLICT (version) DO NOTHING;
 
 -- ================================================================ routines
 -- Everything below is functions, triggers and views, each CREATE OR REPLACE: applied with the
@@ -503,6 +523,36 @@ $$;
 -- p_attempt counting from 0. The database's copy of runtime/backoff.py's FullJitterBackoff: the
 -- database draws the waits of job requeues (a retry's delay, a loss's backoff) so they are written
 -- with the requeue and a new leader honours them; Python draws those of network retries.
+-- Refuse a submission that would take p_owner's queued (pending and waiting) jobs over its
+-- max_pending (accounts), raising SQLSTATE SK001 (runtime/aio/pg.py: FailedPrecondition) with a
+-- message naming the account, its count and the cap, so the submitting statement rolls back
+-- whole. It holds a transaction-scoped advisory lock on the account first, and reads in a fresh
+-- snapshot after it (a VOLATILE function's statement, under READ COMMITTED), so two concurrent
+-- submissions of one account count each other: the second waits for the first's commit. An
+-- account with no cap takes no lock. Returns true.
+CREATE OR REPLACE FUNCTION check_max_pending(p_owner text, p_adding bigint)
+RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_cap bigint;
+    v_queued bigint;
+BEGIN
+    SELECT max_pending INTO v_cap FROM accounts WHERE name = p_owner;
+    IF v_cap IS NULL THEN
+        RETURN true;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended('stockade.max_pending.' || p_owner, 0));
+    SELECT max_pending INTO v_cap FROM accounts WHERE name = p_owner;
+    IF v_cap IS NULL THEN
+        RETURN true;
+    END IF;
+    SELECT count(*) INTO v_queued FROM jobs WHERE owner = p_owner AND state IN ('pending', 'waiting');
+    IF v_queued + p_adding > v_cap THEN
+        RAISE EXCEPTION 'quota: account % has % pending and waiting jobs of max_pending %; % more refused',
+                        p_owner, v_queued, v_cap, p_adding USING ERRCODE = 'SK001';
+    END IF;
+    RETURN true;
+END $$;
+
 CREATE OR REPLACE FUNCTION full_jitter_s(p_base_s float8, p_cap_s float8, p_attempt integer)
 RETURNS float8 LANGUAGE sql VOLATILE STRICT AS $$
     SELECT random() * least(p_cap_s, p_base_s * power(2.0::float8, least(p_attempt, 1023)))

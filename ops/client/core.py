@@ -17,12 +17,14 @@ import trio
 
 from ops.client.errors import JobNotFound, WaitTimedOut, WorkerNotFound, raised_as
 from ops.client.results import (
+    Account,
     AuditEntry,
     CancelOutcome,
     ClusterStatus,
     Job,
     JobHistory,
     WorkerSchedule,
+    account_from_pb,
     audit_from_pb,
     cancel_from_pb,
     history_from_pb,
@@ -374,7 +376,7 @@ class Client:
             account: only this account's rows; None: every account this client may see (a
                 user's certificate sees its own rows only).
             action: only this action (``submit``, ``cancel``, ``drain``, ``cordon``,
-                ``uncordon``); None: every action.
+                ``uncordon``, ``account_set``); None: every action.
             since_s: only rows of the last ``since_s`` seconds (database time); None: all.
             limit: at most this many rows, 0 to 10,000 (0: 100).
 
@@ -401,6 +403,89 @@ class Client:
         )
         reply: pb.ListAuditReply = await self._cp.call("list_audit", request)
         return tuple(audit_from_pb(entry) for entry in reply.entries)
+
+    async def set_account(
+        self,
+        name: str,
+        *,
+        cpu_millis: int | None = None,
+        memory_mb: int | None = None,
+        max_pending: int | None = None,
+        weight: float | None = None,
+        clear: Sequence[str] = (),
+        idempotency_key: str | None = None,
+    ) -> Account:
+        """Set an account's quotas and fair-share weight (operators only; docs/quotas.md); what
+        is not given keeps its stored value. Returns the account as stored, with its use.
+
+        Args:
+            name: the account (the id rules).
+            cpu_millis, memory_mb: caps on what its assigned and running jobs hold, 0 to
+                ``runtime.accounts.MAX_CAPS``; None: keep.
+            max_pending: cap on its pending and waiting jobs; None: keep.
+            weight: its fair-share weight, finite and > 0; None: keep (1 for a new account).
+            clear: caps to remove (``cpu_millis``, ``memory_mb``, ``max_pending``), none given.
+            idempotency_key: this call's key, as in :meth:`submit`.
+
+        Raises:
+            InvalidArgument: a field breaks its rule (naming it, its value and the limit);
+                nothing was sent.
+            IdempotencyConflict, NoControlPlaneReachable, ClusterBusy, PermissionDenied: as
+                :meth:`submit`.
+        """
+        from protocol import pb
+        from runtime.accounts import AccountChange
+
+        change = AccountChange(
+            name=name,
+            cpu_millis=cpu_millis,
+            memory_mb=memory_mb,
+            max_pending=max_pending,
+            weight=weight,
+            clear=tuple(clear),
+        ).check()
+        request = pb.SetAccountRequest(
+            name=change.name,
+            has_cpu_millis=change.cpu_millis is not None,
+            cpu_millis=change.cpu_millis or 0,
+            has_memory_mb=change.memory_mb is not None,
+            memory_mb=change.memory_mb or 0,
+            has_max_pending=change.max_pending is not None,
+            max_pending=change.max_pending or 0,
+            has_weight=change.weight is not None,
+            weight=change.weight or 0.0,
+            clear=list(change.clear),
+            idempotency_key=_check_key(idempotency_key),
+        )
+        reply: pb.AccountInfo = await self._cp.call("set_account", request)
+        return account_from_pb(reply)
+
+    async def account(self, name: str) -> Account:
+        """An account's quotas, weight and use (one never set: no caps, weight 1).
+
+        Raises:
+            InvalidArgument: ``name`` breaks the id rules; nothing was sent.
+            PermissionDenied: a user's certificate (or a scoped viewer's) asked for another account.
+            NoControlPlaneReachable, ClusterBusy: as :meth:`submit`.
+        """
+        from protocol import pb
+        from runtime.identifiers import check_id
+
+        check_id(name, field="name")
+        reply: pb.AccountInfo = await self._cp.call("get_account", pb.GetAccountRequest(name=name))
+        return account_from_pb(reply)
+
+    async def accounts(self) -> tuple[Account, ...]:
+        """Every account with quotas set or with jobs queued or in use, by name (a user's
+        certificate: its own).
+
+        Raises:
+            NoControlPlaneReachable, ClusterBusy, PermissionDenied: as :meth:`submit`.
+        """
+        from protocol import pb
+
+        reply: pb.ListAccountsReply = await self._cp.call("list_accounts", pb.ListAccountsRequest())
+        return tuple(account_from_pb(a) for a in reply.accounts)
 
     async def status(self) -> ClusterStatus:
         """The leader and its epoch, the control planes, every worker with its load, the job
