@@ -231,6 +231,9 @@ CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, id);
 -- An account's queued (pending and waiting) jobs, counted against its max_pending
 -- (check_max_pending) and shown by ListAccounts.
 CREATE INDEX IF NOT EXISTS jobs_queued_by_owner ON jobs (owner) WHERE state IN ('pending', 'waiting');
+-- What an account's assigned and running jobs hold, for its usage caps (view quota_usage).
+CREATE INDEX IF NOT EXISTS jobs_in_use_by_owner ON jobs (owner) INCLUDE (cpu_millis, memory_mb)
+    WHERE state IN ('assigned', 'running');
 
 -- ---------------------------------------------------------------- assignments
 
@@ -497,8 +500,21 @@ SELECT id, cpu_millis, memory_mb, priority, reason, pending_xid, pending_seq,
        CASE WHEN constraints = '[]'::jsonb THEN NULL ELSE constraints::text END AS constraints,
        CASE WHEN failures > 0 THEN
            (SELECT string_agg(DISTINCT a.worker_id, ' ') FROM assignments a
-             WHERE a.job_id = jobs.id AND a.outcome = 'failed') END AS failed_on
+             WHERE a.job_id = jobs.id AND a.outcome = 'failed') END AS failed_on,
+       owner
   FROM jobs WHERE state = 'pending';
+
+-- The accounts with a cpu_millis or memory_mb cap, their caps (NULL: none) and what their
+-- assigned and running jobs hold (index jobs_in_use_by_owner): what the placer holds a job's
+-- account to (actors/quotas.py).
+CREATE OR REPLACE VIEW quota_usage AS
+SELECT a.name, a.cpu_millis, a.memory_mb,
+       coalesce(u.cpu_millis, 0)::bigint AS used_cpu_millis,
+       coalesce(u.memory_mb, 0)::bigint AS used_memory_mb
+  FROM accounts a
+  LEFT JOIN LATERAL (SELECT sum(j.cpu_millis) AS cpu_millis, sum(j.memory_mb) AS memory_mb FROM jobs j
+                      WHERE j.owner = a.name AND j.state IN ('assigned', 'running')) u ON true
+ WHERE a.cpu_millis IS NOT NULL OR a.memory_mb IS NOT NULL;
 
 -- One row (dep, state) per job id in p_after that exists (actors/dependencies.py). A job stands
 -- for itself; an array's id (its first task's) for the whole array, as Slurm's
