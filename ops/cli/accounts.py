@@ -53,27 +53,18 @@ def set_account(
     A cap of 0 lets nothing of it be used (or queued); --clear-* removes a cap. The change is
     written to the audit trail (action account_set).
     """
-    from runtime.accounts import AccountChange
-
     clears = {"cpu_millis": clear_cpu_millis, "memory_mb": clear_memory_mb, "max_pending": clear_max_pending}
     with errors():
-        change = AccountChange(
-            name=name,
-            cpu_millis=cpu_millis,
-            memory_mb=memory_mb,
-            max_pending=max_pending,
-            weight=weight,
-            clear=tuple(cap for cap, on in clears.items() if on),
-        ).check()
+        # The client checks the change (runtime.accounts.AccountChange) before it sends.
         account = with_client(
             control_plane_addresses(control_planes),
             lambda client: client.set_account(
-                change.name,
-                cpu_millis=change.cpu_millis,
-                memory_mb=change.memory_mb,
-                max_pending=change.max_pending,
-                weight=change.weight,
-                clear=change.clear,
+                name,
+                cpu_millis=cpu_millis,
+                memory_mb=memory_mb,
+                max_pending=max_pending,
+                weight=weight,
+                clear=[cap for cap, on in clears.items() if on],
             ),
         )
     _show([account], as_json=as_json, one=True)

@@ -4,17 +4,11 @@ a cap stays pending with a reason naming it, stored once, and is placed once the
 
 from __future__ import annotations
 
-import trio
 from seeding import insert_job
+from serving import placer_with_ledger
 from test_unschedulable_reasons import db, register, stored
 
-from actors.ledger import Ledger
-from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
-from actors.placer import Placer
-from actors.placer_store import PgPlacerStore
-from actors.role import RoleView
 from runtime.aio import PgConnection
-from runtime.settings.leader import LedgerSettings, PlacerSettings
 
 __all__ = ["db"]  # the admin connection, a fixture
 
@@ -41,26 +35,7 @@ async def test_a_job_past_its_accounts_cpu_cap_waits_and_is_placed_once_the_cap_
     await db.execute("INSERT INTO accounts (name, cpu_millis) VALUES ('alice', 2000)")
     alices = [await job_of(db, "alice", f"a-{n}", priority=5) for n in range(3)]
     bobs = await job_of(db, "bob", "b-0")
-    async with trio.open_nursery() as nursery:
-        ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
-        lease_send, _ = trio.open_memory_channel[LeaseInbox](8)
-        ledger = Ledger(
-            cp_id="cp-1",
-            database_url=database_url,
-            settings=LedgerSettings(),
-            inbox=ledger_recv,
-            lease_inbox=lease_send,
-        )
-        await nursery.start(ledger.run)
-        dispatch_send, _dispatched = trio.open_memory_channel[DispatcherInbox](100)
-        _, roles_recv = trio.open_memory_channel[RoleChange](8)
-        placer = Placer(
-            settings=PlacerSettings(),
-            store=PgPlacerStore(database_url=database_url, application_name="test placer"),
-            role=RoleView(changes=roles_recv, lease_inbox=lease_send),
-            ledger=ledger_send,
-            dispatcher=dispatch_send,
-        )
+    async with placer_with_ledger(database_url) as placer:
 
         async def round_() -> None:
             await db.execute("UPDATE workers SET last_heartbeat_at = now()")
@@ -86,5 +61,3 @@ async def test_a_job_past_its_accounts_cpu_cap_waits_and_is_placed_once_the_cap_
             ("assigned", ""),
             ("pending", "quota: alice uses 3000 of 3000 cpu_millis"),
         ]
-        await placer.store.close()  # type: ignore[attr-defined]
-        nursery.cancel_scope.cancel()
