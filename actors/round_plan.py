@@ -19,6 +19,7 @@ from actors.placement import Plan, Unschedulable, in_one_go, place_queue_steps
 from actors.placer_store import LiveWorker
 from actors.quotas import AccountQuota
 from actors.rooms import ReasonCache, placement_limit
+from runtime.accounts import quota_reason_key
 from runtime.settings.leader import PlacerSettings
 
 RoundOutcome = Literal["unchanged", "nothing", "commit"]
@@ -119,6 +120,24 @@ def _changed_reasons(
     return [(job_id, said[k]) for job_id, k in zip(ids, keys, strict=True)]
 
 
+def _changed_quota_reasons(queue: PendingQueue, held: Unschedulable) -> list[tuple[int, str]]:
+    """(job_id, reason) for the jobs over their account's caps whose stored reason names another
+    cap, or none (:func:`runtime.accounts.quota_reason_key`): a job keeps the reason it was
+    given while the same cap holds it, whatever its account's use does meanwhile, so a busy
+    account's waiting jobs are not written again at every round."""
+    if not held.at.size:
+        return []
+    keys: dict[str, int] = {}
+    stored = np.array([keys.setdefault(quota_reason_key(t), len(keys)) for t in queue.reason_texts] + [-1])
+    wanted = np.full(max(held.by_shape) + 1, -2, dtype=np.int64)
+    for k, reason in held.by_shape.items():
+        wanted[k] = keys.get(quota_reason_key(reason), -2)
+    # reason_code -1 (none stored) reads the last element, -1: it never equals a wanted key.
+    changed = stored[queue.reason_code[held.at]] != wanted[held.shapes]
+    ids, codes = held.ids[changed].tolist(), held.shapes[changed].tolist()
+    return [(job_id, held.by_shape[k]) for job_id, k in zip(ids, codes, strict=True)]
+
+
 def plan_round_steps(
     queue: PendingQueue,
     workers: Sequence[LiveWorker],
@@ -202,7 +221,7 @@ def plan_round_steps(
     said = {k: not_counting_cordoned(r, cordoned, unhealthy) for k, r in unschedulable.by_shape.items()}
     reasons = _changed_reasons(queue, unschedulable, said)
     if plan.over_quota is not None:
-        quota_reasons = _changed_reasons(queue, plan.over_quota, plan.over_quota.by_shape)
+        quota_reasons = _changed_quota_reasons(queue, plan.over_quota)
         reasons += [(job_id, r) for job_id, r in quota_reasons if job_id not in plan.held_back]
     # A retry that only workers where it failed have room for now.
     waiting = {

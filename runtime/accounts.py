@@ -5,6 +5,7 @@ store, applied by client and server alike, and the reason a job waits past a cap
 from __future__ import annotations
 
 import math
+import re
 
 import attrs
 
@@ -85,3 +86,14 @@ def quota_reason(account: str, field: str, used: int, cap: int) -> str:
     """Why a pending job waits for its account's usage: ``quota: alice uses 32000 of 32000
     cpu_millis`` (``field``: ``cpu_millis`` or ``memory_mb``)."""
     return f"quota: {account} uses {used} of {cap} {field}"
+
+
+_QUOTA_REASON = re.compile(r"quota: (\S+) uses \d+ of (\d+) (cpu_millis|memory_mb)")
+
+
+def quota_reason_key(reason: str) -> str:
+    """``reason`` without the use a :func:`quota_reason` names (``quota: alice of 32000
+    cpu_millis``), any other reason as it is: two reasons with one key say the same cap holds
+    the job, so a stored one is not written again only because the account's use moved."""
+    found = _QUOTA_REASON.fullmatch(reason)
+    return reason if found is None else f"quota: {found[1]} of {found[2]} {found[3]}"

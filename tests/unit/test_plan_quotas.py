@@ -116,6 +116,20 @@ def test_a_stored_quota_reason_follows_the_cap_and_is_not_written_again() -> Non
     assert (same.placed_job_ids, same.reasons, same.outcome) == ((), (), "nothing")
 
 
+def test_a_stored_quota_reason_is_not_written_again_when_only_the_use_moved() -> None:
+    """A job waiting for alice's 2000 cpu_millis cap keeps its stored reason while her use moves
+    under the same cap (no row written at every round of a busy account); a job that has none
+    yet is given one naming the use now."""
+    queue = queue_of(
+        job(1, "alice", cpu_millis=1500),
+        job(2, "alice", cpu_millis=1500),
+        reasons={1: "quota: alice uses 2000 of 2000 cpu_millis"},
+    )
+    done = plan(queue, [worker("w-1")], {"alice": AccountQuota(cpu_millis=2000, used_cpu_millis=1000)})
+    assert done.placed_job_ids == ()
+    assert done.reasons == ((2, "quota: alice uses 1000 of 2000 cpu_millis"),)
+
+
 def test_a_changed_cap_makes_an_idle_round_decide_again() -> None:
     """A round with the same queue and workers as one that found nothing to do decides again
     when a cap changed."""
