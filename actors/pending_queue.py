@@ -5,7 +5,8 @@ placement order as numpy columns, with their constraint groups and shapes (:data
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 import attrs
 import numpy as np
@@ -203,25 +204,11 @@ class PendingQueue:
         """Each job's constraint group (new constraints get a new group), as an int64 array."""
         if not any(j.constraints for j in jobs):
             return np.zeros(len(jobs), dtype=np.int64)
-        found = []
-        for job in jobs:
-            index = self._group_of.get(job.constraints)
-            if index is None:
-                index = self._group_of[job.constraints] = len(self.groups)
-                self.groups.append(job.constraints)
-            found.append(index)
-        return np.array(found, dtype=np.int64)
+        return _indexes((j.constraints for j in jobs), self._group_of, self.groups)
 
     def _owners_of(self, jobs: Sequence[PendingJob]) -> np.ndarray:
         """Each job's index into :attr:`owners` (new accounts are added), as an int64 array."""
-        found = []
-        for job in jobs:
-            index = self._owner_index.get(job.owner)
-            if index is None:
-                index = self._owner_index[job.owner] = len(self.owners)
-                self.owners.append(job.owner)
-            found.append(index)
-        return np.array(found, dtype=np.int64)
+        return _indexes((j.owner for j in jobs), self._owner_index, self.owners)
 
     def waiting_for_backoff(self, now: float) -> set[int]:
         """The jobs whose requeue backoff has not passed at ``now``."""
@@ -327,3 +314,19 @@ def _times(ids: np.ndarray, times: Mapping[int, float] | None) -> np.ndarray:
     if not times:
         return np.full(ids.size, -math.inf, dtype=np.float64)
     return np.array([times.get(i, -math.inf) for i in ids.tolist()], dtype=np.float64)
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def _indexes(keys: Iterable[K], index_of: dict[K, int], held: list[K]) -> np.ndarray:
+    """Each key's index into ``held`` (a key not held yet is appended, and ``index_of``, its
+    index by key, kept in step), as an int64 array."""
+    found = []
+    for key in keys:
+        index = index_of.get(key)
+        if index is None:
+            index = index_of[key] = len(held)
+            held.append(key)
+        found.append(index)
+    return np.array(found, dtype=np.int64)
