@@ -127,6 +127,20 @@ async def test_a_submission_past_max_pending_is_refused_and_stores_nothing(
     assert [r[4] for r in await fetch(database_url, AUDIT_ROWS)] == ["account_set"] + ["submit"] * 4
 
 
+async def test_waiting_jobs_count_against_max_pending(database_url: str, certs: Path) -> None:
+    """A job waiting for its dependency counts as a pending one does: with max_pending 2, a
+    pending job and one waiting for it leave no room for a third."""
+    async with mtls_control_plane(database_url, certs) as address:
+        await call(address, certs, "operator", "set_account", set_account("alice", max_pending=2))
+        first = await submit(address, certs, "alice")
+        after = sleep_job()
+        after.spec.after = [first]
+        await submit(address, certs, "alice", after)
+        with pytest.raises(FailedPrecondition, match="alice has 2 pending and waiting jobs of max_pending 2"):
+            await submit(address, certs, "alice")
+    assert await fetch(database_url, "SELECT state FROM jobs ORDER BY id") == [("pending",), ("waiting",)]
+
+
 async def test_concurrent_submissions_cannot_both_pass_max_pending(database_url: str, certs: Path) -> None:
     """Twenty single submissions at once, alternating between two replicas of four connections
     each, with max_pending 5: exactly five are stored, the rest refused naming the cap."""
