@@ -7,7 +7,7 @@ docs/design.md, "The placer's round".
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -105,37 +105,24 @@ def probe_limit(worker: LiveWorker, limit: int) -> int:
 
 
 def _changed_reasons(
-    queue: PendingQueue, held: Unschedulable, said: Mapping[int, str]
+    queue: PendingQueue, held: Unschedulable, said: Mapping[int, str], key: Callable[[str], str] = str
 ) -> list[tuple[int, str]]:
-    """(job_id, reason) for the jobs of ``held`` whose reason (``said``, by their key in
-    ``held.shapes``) is not the one stored, in queue order; only the changed ones cost Python
-    work."""
-    if not held.at.size:
-        return []
-    wanted = np.full(max(said) + 1, -2, dtype=np.int64)
-    for k, reason in said.items():
-        wanted[k] = queue.code_of(reason)
-    changed = queue.reason_code[held.at] != wanted[held.shapes]
-    ids, keys = held.ids[changed].tolist(), held.shapes[changed].tolist()
-    return [(job_id, said[k]) for job_id, k in zip(ids, keys, strict=True)]
-
-
-def _changed_quota_reasons(queue: PendingQueue, held: Unschedulable) -> list[tuple[int, str]]:
-    """(job_id, reason) for the jobs over their account's caps whose stored reason names another
-    cap, or none (:func:`runtime.accounts.quota_reason_key`): a job keeps the reason it was
-    given while the same cap holds it, whatever its account's use does meanwhile, so a busy
-    account's waiting jobs are not written again at every round."""
+    """(job_id, reason) for the jobs of ``held`` whose stored reason is not their reason
+    (``said``, by their key in ``held.shapes``) as ``key`` compares them (by default, as text;
+    :func:`runtime.accounts.quota_reason_key` keeps a quota reason while the same cap holds the
+    job, whatever its account's use does meanwhile), in queue order; only the changed ones cost
+    Python work."""
     if not held.at.size:
         return []
     keys: dict[str, int] = {}
-    stored = np.array([keys.setdefault(quota_reason_key(t), len(keys)) for t in queue.reason_texts] + [-1])
-    wanted = np.full(max(held.by_shape) + 1, -2, dtype=np.int64)
-    for k, reason in held.by_shape.items():
-        wanted[k] = keys.get(quota_reason_key(reason), -2)
-    # reason_code -1 (none stored) reads the last element, -1: it never equals a wanted key.
+    # By stored reason code; code -1 (none stored) reads the last element, which no reason has.
+    stored = np.array([keys.setdefault(key(t), len(keys)) for t in queue.reason_texts] + [-1], dtype=np.int64)
+    wanted = np.full(max(said) + 1, -2, dtype=np.int64)
+    for k, reason in said.items():
+        wanted[k] = keys.get(key(reason), -2)
     changed = stored[queue.reason_code[held.at]] != wanted[held.shapes]
     ids, codes = held.ids[changed].tolist(), held.shapes[changed].tolist()
-    return [(job_id, held.by_shape[k]) for job_id, k in zip(ids, codes, strict=True)]
+    return [(job_id, said[k]) for job_id, k in zip(ids, codes, strict=True)]
 
 
 def plan_round_steps(
@@ -221,7 +208,7 @@ def plan_round_steps(
     said = {k: not_counting_cordoned(r, cordoned, unhealthy) for k, r in unschedulable.by_shape.items()}
     reasons = _changed_reasons(queue, unschedulable, said)
     if plan.over_quota is not None:
-        quota_reasons = _changed_quota_reasons(queue, plan.over_quota)
+        quota_reasons = _changed_reasons(queue, plan.over_quota, plan.over_quota.by_shape, quota_reason_key)
         reasons += [(job_id, r) for job_id, r in quota_reasons if job_id not in plan.held_back]
     # A retry that only workers where it failed have room for now.
     waiting = {
