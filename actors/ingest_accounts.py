@@ -19,19 +19,6 @@ from runtime.identifiers import check_id
 from runtime.validation import check_idempotency_key
 
 
-def account_change_from_pb(request: pb.SetAccountRequest) -> AccountChange:
-    """A SetAccount request as a checked :class:`AccountChange`; raises InvalidArgument as
-    :meth:`AccountChange.check`."""
-    return AccountChange(
-        name=request.name,
-        cpu_millis=request.cpu_millis if request.has_cpu_millis else None,
-        memory_mb=request.memory_mb if request.has_memory_mb else None,
-        max_pending=request.max_pending if request.has_max_pending else None,
-        weight=request.weight if request.has_weight else None,
-        clear=tuple(request.clear),
-    ).check()
-
-
 def account_info(row: Any) -> pb.AccountInfo:
     """A row of ``queries.ACCOUNTS`` as an ``AccountInfo`` message."""
     caps: dict[str, Any] = {}
@@ -60,7 +47,7 @@ class AccountHandlers(WorkerHandlers):
             InvalidArgument: a field breaks its rule (:meth:`AccountChange.check`); nothing stored.
             IdempotencyConflict, Busy, DatabaseUnavailable: as :meth:`_once`.
         """
-        change = account_change_from_pb(request)
+        change = AccountChange.from_pb(request).check()
         key = check_idempotency_key(request.idempotency_key)
         args = (change.name, change.cpu_millis, change.memory_mb, change.max_pending, change.weight)
         digest = idempotency.request_digest("set_account", [*args, list(change.clear)])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -13,6 +14,9 @@ from runtime.checks import check_int_between
 from runtime.errors import InvalidArgument
 from runtime.identifiers import check_id
 from runtime.jobs import MAX_CPU_MILLIS, MAX_MEMORY_MB
+
+if TYPE_CHECKING:
+    from protocol import pb
 
 MAX_QUOTA_WORKERS = 10_000
 """How many of the largest workers a cap may cover: a cpu_millis cap is at most
@@ -30,6 +34,9 @@ CAPS = tuple(MAX_CAPS)
 
 MAX_WEIGHT = 1_000_000.0
 """The largest fair-share weight (the default is 1)."""
+
+_GIVEN = (*CAPS, "weight")
+"""The fields a change may give (each None: keep the stored value)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -76,9 +83,28 @@ class AccountChange:
             )
         return attrs.evolve(self, clear=tuple(sorted(set(self.clear))))
 
+    @classmethod
+    def from_pb(cls, request: pb.SetAccountRequest) -> AccountChange:
+        """A SetAccount request as a change (each field with its ``has_`` flag; not checked)."""
+        given = {f: getattr(request, f) if getattr(request, f"has_{f}") else None for f in _GIVEN}
+        return cls(name=request.name, clear=tuple(request.clear), **given)
+
+    def to_pb(self, idempotency_key: str) -> pb.SetAccountRequest:
+        """This change as a SetAccount request carrying ``idempotency_key``."""
+        from protocol import pb
+
+        given: dict[str, Any] = {}
+        for field in _GIVEN:
+            value = getattr(self, field)
+            given[f"has_{field}"] = value is not None
+            given[field] = value if value is not None else 0.0 if field == "weight" else 0
+        return pb.SetAccountRequest(
+            name=self.name, clear=list(self.clear), idempotency_key=idempotency_key, **given
+        )
+
     def arguments(self) -> dict[str, object]:
         """The change's key arguments, for its audit row: what it gives and what it clears."""
-        given = {f: getattr(self, f) for f in (*CAPS, "weight") if getattr(self, f) is not None}
+        given = {f: getattr(self, f) for f in _GIVEN if getattr(self, f) is not None}
         return {**given, "clear": list(self.clear)} if self.clear else given
 
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ops.client.checks import check_account, check_job_id, check_key, check_seconds, is_int_in
 from ops.client.errors import JobNotFound, WaitTimedOut, WorkerNotFound, raised_as
 from ops.client.results import (
     Account,
@@ -41,7 +41,6 @@ from runtime.errors import (
     InvalidArgument,
     NoControlPlaneReachable,
 )
-from runtime.idempotency_keys import new_idempotency_key
 from runtime.jobs import JobSpec
 
 if TYPE_CHECKING:
@@ -59,40 +58,6 @@ LOG_STREAMS = ("stdout", "stderr")
 """The outputs of a job :meth:`Client.logs` reads."""
 MAX_TAIL_BYTES = 2**64 - 1
 """The most ``tail_max_bytes`` may be (the wire's uint64)."""
-
-
-def _check_key(key: str | None) -> str:
-    """The caller's key, checked (InvalidArgument: empty, over 128 bytes, a control character),
-    or a fresh random UUID."""
-    return new_idempotency_key() if key is None else validation.check_idempotency_key(key)
-
-
-def _check_job_id(job_id: int, field: str = "job_id") -> int:
-    """Raises InvalidArgument unless ``job_id`` is an integer of 1..2**63-1."""
-    if isinstance(job_id, bool) or not isinstance(job_id, int):
-        raise InvalidArgument(field, job_id, "must be an integer")
-    return validation.check_job_id(job_id)
-
-
-def _check_account(account: str | None) -> None:
-    if account is not None:
-        from runtime.identifiers import check_id
-
-        check_id(account, field="account")
-
-
-def _is_int_in(value: object, low: int, high: int) -> bool:
-    """Whether ``value`` is an integer (not a bool) of ``low..high``."""
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-
-def _check_seconds(field: str, value: float | None) -> float:
-    """``value`` seconds, None as ``inf``; InvalidArgument unless a number > 0 (not NaN)."""
-    if value is None:
-        return math.inf
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise InvalidArgument(field, value, "must be a number of seconds > 0, or None for no limit")
-    return float(value)
 
 
 class Client:
@@ -191,7 +156,7 @@ class Client:
 
         checked = spec.check()
         request = pb.SubmitJobRequest(
-            spec=job_spec_to_pb(checked), idempotency_key=_check_key(idempotency_key)
+            spec=job_spec_to_pb(checked), idempotency_key=check_key(idempotency_key)
         )
         reply: pb.SubmitJobReply = await self._cp.call("submit_job", request)
         return int(reply.job_id)
@@ -221,7 +186,7 @@ class Client:
 
         checked = validation.check_jobs(list(specs))
         request = pb.SubmitJobsRequest(
-            specs=[job_spec_to_pb(spec) for spec in checked], idempotency_key=_check_key(idempotency_key)
+            specs=[job_spec_to_pb(spec) for spec in checked], idempotency_key=check_key(idempotency_key)
         )
         reply: pb.SubmitJobsReply = await self._cp.call(
             "submit_jobs", request, timeout_s=self.settings.timeout_s + SUBMIT_S_PER_JOB * len(checked)
@@ -255,7 +220,7 @@ class Client:
 
     async def _job_call(self, rpc: str, make_request: Callable[..., Any], job_id: int) -> Any:
         """A read of one job: ``job_id`` checked, sent, NotFound raised as JobNotFound."""
-        _check_job_id(job_id)
+        check_job_id(job_id)
         with raised_as(functools.partial(JobNotFound, job_id)):
             return await self._cp.call(rpc, make_request(job_id=job_id))
 
@@ -278,8 +243,8 @@ class Client:
             NoControlPlaneReachable: no control plane answered for :data:`WAIT_UNREACHABLE_S`.
             ClusterBusy, PermissionDenied: as :meth:`submit`.
         """
-        _check_job_id(job_id)
-        limit_s = _check_seconds("timeout_s", timeout_s)
+        check_job_id(job_id)
+        limit_s = check_seconds("timeout_s", timeout_s)
         last: Job | None = None
         unreachable_since: float | None = None
         reads = 0
@@ -322,9 +287,9 @@ class Client:
         """
         from protocol import pb
 
-        _check_job_id(job_id)
+        check_job_id(job_id)
         request = pb.CancelJobRequest(
-            job_id=job_id, idempotency_key=_check_key(idempotency_key), only_this_task=only_this_task
+            job_id=job_id, idempotency_key=check_key(idempotency_key), only_this_task=only_this_task
         )
         with raised_as(functools.partial(JobNotFound, job_id)):
             reply: pb.CancelJobReply = await self._cp.call("cancel_job", request)
@@ -356,7 +321,7 @@ class Client:
                 "limit", limit, f"must be an integer between 0 and {validation.MAX_LIST_LIMIT}"
             )
         validation.check_list(state or "", limit)
-        _check_account(account)
+        check_account(account)
         request = pb.ListJobsRequest(state=state or "", limit=limit, account=account or "")
         reply: pb.ListJobsReply = await self._cp.call("list_jobs", request)
         return tuple(job_from_pb(info) for info in reply.jobs)
@@ -393,7 +358,7 @@ class Client:
                 "limit", limit, f"must be an integer between 0 and {validation.MAX_LIST_LIMIT}"
             )
         validation.check_audit_query(action or "", since_s, limit)
-        _check_account(account)
+        check_account(account)
         request = pb.ListAuditRequest(
             account=account or "",
             action=action or "",
@@ -433,30 +398,11 @@ class Client:
             IdempotencyConflict, NoControlPlaneReachable, ClusterBusy, PermissionDenied: as
                 :meth:`submit`.
         """
-        from protocol import pb
         from runtime.accounts import AccountChange
 
-        change = AccountChange(
-            name=name,
-            cpu_millis=cpu_millis,
-            memory_mb=memory_mb,
-            max_pending=max_pending,
-            weight=weight,
-            clear=tuple(clear),
-        ).check()
-        request = pb.SetAccountRequest(
-            name=change.name,
-            has_cpu_millis=change.cpu_millis is not None,
-            cpu_millis=change.cpu_millis or 0,
-            has_memory_mb=change.memory_mb is not None,
-            memory_mb=change.memory_mb or 0,
-            has_max_pending=change.max_pending is not None,
-            max_pending=change.max_pending or 0,
-            has_weight=change.weight is not None,
-            weight=change.weight or 0.0,
-            clear=list(change.clear),
-            idempotency_key=_check_key(idempotency_key),
-        )
+        caps = {"cpu_millis": cpu_millis, "memory_mb": memory_mb, "max_pending": max_pending}
+        change = AccountChange(name=name, weight=weight, clear=tuple(clear), **caps).check()
+        request = change.to_pb(check_key(idempotency_key))
         reply: pb.AccountInfo = await self._cp.call("set_account", request)
         return account_from_pb(reply)
 
@@ -542,15 +488,15 @@ class Client:
         """
         from protocol import pb
 
-        _check_job_id(job_id)
+        check_job_id(job_id)
         if stream not in LOG_STREAMS:
             raise InvalidArgument("stream", stream, f"must be one of {', '.join(LOG_STREAMS)}")
-        if tail_lines is not None and not _is_int_in(tail_lines, 0, validation.MAX_TAIL_LINES):
+        if tail_lines is not None and not is_int_in(tail_lines, 0, validation.MAX_TAIL_LINES):
             raise InvalidArgument(
                 "tail_lines", tail_lines, f"must be an integer between 0 and {validation.MAX_TAIL_LINES}"
             )
         if tail_max_bytes is not None and (
-            tail_lines is None or not _is_int_in(tail_max_bytes, 1, MAX_TAIL_BYTES)
+            tail_lines is None or not is_int_in(tail_max_bytes, 1, MAX_TAIL_BYTES)
         ):
             raise InvalidArgument(
                 "tail_max_bytes",
@@ -632,7 +578,7 @@ class Client:
     ) -> WorkerSchedule:
         """One of cordon, uncordon and drain: checked, sent, its reply typed."""
         validation.check_worker_id(worker_id)
-        request = make_request(worker_id=worker_id, idempotency_key=_check_key(key))
+        request = make_request(worker_id=worker_id, idempotency_key=check_key(key))
         with raised_as(functools.partial(WorkerNotFound, worker_id)):
             reply = await self._cp.call(rpc, request)
         return schedule_from_pb(reply)
