@@ -228,6 +228,12 @@ CREATE INDEX IF NOT EXISTS jobs_waiting ON jobs (id) WHERE state = 'waiting';
 CREATE INDEX IF NOT EXISTS jobs_by_array ON jobs (array_id, array_index) WHERE array_id IS NOT NULL;
 -- An account's jobs, newest first (queries.LIST_JOBS for a user or a scoped viewer).
 CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, id);
+-- An account's queued (pending and waiting) jobs, counted against its max_pending
+-- (check_max_pending) and shown by ListAccounts.
+CREATE INDEX IF NOT EXISTS jobs_queued_by_owner ON jobs (owner) WHERE state IN ('pending', 'waiting');
+-- What an account's assigned and running jobs hold, for its usage caps (view quota_usage).
+CREATE INDEX IF NOT EXISTS jobs_in_use_by_owner ON jobs (owner) INCLUDE (cpu_millis, memory_mb)
+    WHERE state IN ('assigned', 'running');
 
 -- ---------------------------------------------------------------- assignments
 
@@ -300,14 +306,31 @@ CREATE TABLE IF NOT EXISTS audit_log (
     actor_id    text        NOT NULL,
     account     text        NOT NULL,
     address     text        NOT NULL,
-    -- a new kind of change (account settings come next) adds its action here, in a migration
+    -- a new kind of change adds its action here, in a migration
     action      text        NOT NULL
-                CHECK (action IN ('submit', 'cancel', 'drain', 'cordon', 'uncordon')),
+                CHECK (action IN ('submit', 'cancel', 'drain', 'cordon', 'uncordon', 'account_set')),
     target_ids  jsonb       NOT NULL DEFAULT '[]',
     arguments   jsonb       NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS audit_log_by_account ON audit_log (account, id);
 CREATE INDEX IF NOT EXISTS audit_log_by_time ON audit_log (at);
+
+-- ---------------------------------------------------------------- accounts
+
+-- An account's quotas and fair-share weight (docs/quotas.md), set by an operator (SetAccount).
+-- An account without a row has no caps and weight 1; a NULL cap is no cap. cpu_millis and
+-- memory_mb cap what its assigned and running jobs hold (the placer leaves a job pending past
+-- them); max_pending caps its pending and waiting jobs (a submission past it is refused:
+-- check_max_pending). The limits are runtime/validation.py's check_account.
+CREATE TABLE IF NOT EXISTS accounts (
+    name         text             PRIMARY KEY,
+    cpu_millis   bigint           CHECK (cpu_millis >= 0),
+    memory_mb    bigint           CHECK (memory_mb >= 0),
+    max_pending  bigint           CHECK (max_pending >= 0),
+    weight       double precision NOT NULL DEFAULT 1
+                 CHECK (weight > 0 AND weight < 'infinity'::double precision),
+    updated_at   timestamptz      NOT NULL DEFAULT now()
+);
 
 -- ---------------------------------------------------------------- the schema's version
 
@@ -317,7 +340,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 -- This file's version: the newest migration's (actors/migrations/).
-INSERT INTO schema_version (version) VALUES (5) ON CONFLICT (version) DO NOTHING;
+INSERT INTO schema_version (version) VALUES (6) ON CONFLICT (version) DO NOTHING;
 
 -- ================================================================ routines
 -- Everything below is functions, triggers and views, each CREATE OR REPLACE: applied with the
@@ -477,8 +500,21 @@ SELECT id, cpu_millis, memory_mb, priority, reason, pending_xid, pending_seq,
        CASE WHEN constraints = '[]'::jsonb THEN NULL ELSE constraints::text END AS constraints,
        CASE WHEN failures > 0 THEN
            (SELECT string_agg(DISTINCT a.worker_id, ' ') FROM assignments a
-             WHERE a.job_id = jobs.id AND a.outcome = 'failed') END AS failed_on
+             WHERE a.job_id = jobs.id AND a.outcome = 'failed') END AS failed_on,
+       owner
   FROM jobs WHERE state = 'pending';
+
+-- The accounts with a cpu_millis or memory_mb cap, their caps (NULL: none) and what their
+-- assigned and running jobs hold (index jobs_in_use_by_owner): what the placer holds a job's
+-- account to (actors/quotas.py).
+CREATE OR REPLACE VIEW quota_usage AS
+SELECT a.name, a.cpu_millis, a.memory_mb,
+       coalesce(u.cpu_millis, 0)::bigint AS used_cpu_millis,
+       coalesce(u.memory_mb, 0)::bigint AS used_memory_mb
+  FROM accounts a
+  LEFT JOIN LATERAL (SELECT sum(j.cpu_millis) AS cpu_millis, sum(j.memory_mb) AS memory_mb FROM jobs j
+                      WHERE j.owner = a.name AND j.state IN ('assigned', 'running')) u ON true
+ WHERE a.cpu_millis IS NOT NULL OR a.memory_mb IS NOT NULL;
 
 -- One row (dep, state) per job id in p_after that exists (actors/dependencies.py). A job stands
 -- for itself; an array's id (its first task's) for the whole array, as Slurm's
@@ -503,6 +539,36 @@ $$;
 -- p_attempt counting from 0. The database's copy of runtime/backoff.py's FullJitterBackoff: the
 -- database draws the waits of job requeues (a retry's delay, a loss's backoff) so they are written
 -- with the requeue and a new leader honours them; Python draws those of network retries.
+-- Refuse a submission that would take p_owner's queued (pending and waiting) jobs over its
+-- max_pending (accounts), raising SQLSTATE SK001 (runtime/aio/pg.py: FailedPrecondition) with a
+-- message naming the account, its count and the cap, so the submitting statement rolls back
+-- whole. It holds a transaction-scoped advisory lock on the account first, and reads in a fresh
+-- snapshot after it (a VOLATILE function's statement, under READ COMMITTED), so two concurrent
+-- submissions of one account count each other: the second waits for the first's commit. An
+-- account with no cap takes no lock. Returns true.
+CREATE OR REPLACE FUNCTION check_max_pending(p_owner text, p_adding bigint)
+RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_cap bigint;
+    v_queued bigint;
+BEGIN
+    SELECT max_pending INTO v_cap FROM accounts WHERE name = p_owner;
+    IF v_cap IS NULL THEN
+        RETURN true;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended('stockade.max_pending.' || p_owner, 0));
+    SELECT max_pending INTO v_cap FROM accounts WHERE name = p_owner;
+    IF v_cap IS NULL THEN
+        RETURN true;
+    END IF;
+    SELECT count(*) INTO v_queued FROM jobs WHERE owner = p_owner AND state IN ('pending', 'waiting');
+    IF v_queued + p_adding > v_cap THEN
+        RAISE EXCEPTION 'quota: account % has % pending and waiting jobs of max_pending %; % more refused',
+                        p_owner, v_queued, v_cap, p_adding USING ERRCODE = 'SK001';
+    END IF;
+    RETURN true;
+END $$;
+
 CREATE OR REPLACE FUNCTION full_jitter_s(p_base_s float8, p_cap_s float8, p_attempt integer)
 RETURNS float8 LANGUAGE sql VOLATILE STRICT AS $$
     SELECT random() * least(p_cap_s, p_base_s * power(2.0::float8, least(p_attempt, 1023)))

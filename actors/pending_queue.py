@@ -5,7 +5,8 @@ placement order as numpy columns, with their constraint groups and shapes (:data
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 import attrs
 import numpy as np
@@ -31,6 +32,8 @@ class PendingJob:
     """Rules on the worker's labels, all of which must hold (:mod:`runtime.constraints`)."""
     failed_on: tuple[str, ...] = ()
     """The workers where a run of it failed before: it goes elsewhere when it can."""
+    owner: str = ""
+    """Its account (``jobs.owner``), whose quotas it counts against (docs/quotas.md)."""
 
 
 _QUEUE_COLUMNS = (
@@ -44,6 +47,7 @@ _QUEUE_COLUMNS = (
     "not_before",
     "shape",
     "reason_code",
+    "owner",
 )
 """The :class:`PendingQueue` columns, one entry per job each, kept in step (same order)."""
 
@@ -86,6 +90,11 @@ class PendingQueue:
     reason_texts: list[str] = attrs.field(factory=list)
     """The distinct stored reasons since the last :meth:`replace` (which rebuilds it)."""
     _code_of: dict[str, int] = attrs.field(factory=dict)
+    owner: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
+    """Each job's account: an index into :attr:`owners`."""
+    owners: list[str] = attrs.field(factory=list)
+    """The distinct accounts of the jobs ever held. Only grows."""
+    _owner_index: dict[str, int] = attrs.field(factory=dict)
     failed_on: dict[int, tuple[str, ...]] = attrs.field(factory=dict)
     """The workers where a run of a held job failed before (absent: none;
     :attr:`PendingJob.failed_on`)."""
@@ -109,7 +118,7 @@ class PendingQueue:
         """Hold exactly ``jobs`` (any order); those not held before joined at ``now``. A job
         in ``not_before`` may not be placed before that time; any other may be at once."""
         ids, cpu, mem, prio, container = _columns(jobs)
-        group = self._groups_of(jobs)
+        group, owner = self._groups_of(jobs), self._owners_of(jobs)
         since = np.full(ids.size, now, dtype=np.float64)
         if self.ids.size and ids.size:
             by_id = np.argsort(self.ids)
@@ -119,7 +128,7 @@ class PendingQueue:
         self.shapes, self._shape_of, self._shape_table = [], {}, np.empty((0, 4), dtype=np.int64)
         self.reason_texts, self._code_of = [], {}
         self.reasons = {k: v for k, v in (reasons or {}).items() if v}
-        self._store(self._columns(ids, cpu, mem, prio, container, group, since, not_before))
+        self._store(self._columns(ids, cpu, mem, prio, container, group, since, not_before, owner))
         self.failed_on = {j.job_id: j.failed_on for j in jobs if j.failed_on}
 
     def add(
@@ -134,7 +143,7 @@ class PendingQueue:
         ``not_before``); returns how many were new. Vectorised: a round that reads a few new
         jobs into a large queue costs no Python work per queued job."""
         ids, cpu, mem, prio, container = _columns(jobs)
-        group = self._groups_of(jobs)
+        group, owner = self._groups_of(jobs), self._owners_of(jobs)
         _, first = np.unique(ids, return_index=True)
         new = np.zeros(ids.size, dtype=bool)
         new[first] = True
@@ -142,7 +151,7 @@ class PendingQueue:
         if not new.any():
             return 0
         ids, cpu, mem, prio, container = ids[new], cpu[new], mem[new], prio[new], container[new]
-        group = group[new]
+        group, owner = group[new], owner[new]
         failed_on = {j.job_id: j.failed_on for j in jobs if j.failed_on}
         for job_id in ids.tolist():
             reason = (reasons or {}).get(job_id)
@@ -151,7 +160,7 @@ class PendingQueue:
             if job_id in failed_on:
                 self.failed_on[job_id] = failed_on[job_id]
         since = np.full(ids.size, now, dtype=np.float64)
-        added = self._columns(ids, cpu, mem, prio, container, group, since, not_before)
+        added = self._columns(ids, cpu, mem, prio, container, group, since, not_before, owner)
         self._store(
             [
                 np.concatenate((getattr(self, name), new))
@@ -184,9 +193,10 @@ class PendingQueue:
                 needs_container=k,
                 constraints=self.groups[g],
                 failed_on=self.failed_on.get(i, ()),
+                owner=self.owners[o],
             )
-            for i, c, m, p, k, g in zip(
-                *(getattr(self, name).tolist() for name in _QUEUE_COLUMNS[:6]), strict=True
+            for i, c, m, p, k, g, o in zip(
+                *(getattr(self, name).tolist() for name in (*_QUEUE_COLUMNS[:6], "owner")), strict=True
             )
         ]
 
@@ -194,14 +204,11 @@ class PendingQueue:
         """Each job's constraint group (new constraints get a new group), as an int64 array."""
         if not any(j.constraints for j in jobs):
             return np.zeros(len(jobs), dtype=np.int64)
-        found = []
-        for job in jobs:
-            index = self._group_of.get(job.constraints)
-            if index is None:
-                index = self._group_of[job.constraints] = len(self.groups)
-                self.groups.append(job.constraints)
-            found.append(index)
-        return np.array(found, dtype=np.int64)
+        return _indexes((j.constraints for j in jobs), self._group_of, self.groups)
+
+    def _owners_of(self, jobs: Sequence[PendingJob]) -> np.ndarray:
+        """Each job's index into :attr:`owners` (new accounts are added), as an int64 array."""
+        return _indexes((j.owner for j in jobs), self._owner_index, self.owners)
 
     def waiting_for_backoff(self, now: float) -> set[int]:
         """The jobs whose requeue backoff has not passed at ``now``."""
@@ -217,11 +224,12 @@ class PendingQueue:
         group: np.ndarray,
         since: np.ndarray,
         not_before: Mapping[int, float] | None,
+        owner: np.ndarray,
     ) -> tuple[np.ndarray, ...]:
         """The :data:`_QUEUE_COLUMNS` of these jobs, their shapes and reason codes added."""
         shapes = self._shapes_of(cpu, mem, container, group)
         codes = self._codes_of(ids, self.reasons)
-        return ids, cpu, mem, prio, container, group, since, _times(ids, not_before), shapes, codes
+        return ids, cpu, mem, prio, container, group, since, _times(ids, not_before), shapes, codes, owner
 
     def _store(self, columns: Sequence[np.ndarray]) -> None:
         """Hold these columns (those of :data:`_QUEUE_COLUMNS`, in its order), put in placement
@@ -306,3 +314,19 @@ def _times(ids: np.ndarray, times: Mapping[int, float] | None) -> np.ndarray:
     if not times:
         return np.full(ids.size, -math.inf, dtype=np.float64)
     return np.array([times.get(i, -math.inf) for i in ids.tolist()], dtype=np.float64)
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def _indexes(keys: Iterable[K], index_of: dict[K, int], held: list[K]) -> np.ndarray:
+    """Each key's index into ``held`` (a key not held yet is appended, and ``index_of``, its
+    index by key, kept in step), as an int64 array."""
+    found = []
+    for key in keys:
+        index = index_of.get(key)
+        if index is None:
+            index = index_of[key] = len(held)
+            held.append(key)
+        found.append(index)
+    return np.array(found, dtype=np.int64)

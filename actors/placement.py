@@ -14,6 +14,7 @@ import attrs
 import numpy as np
 
 from actors.pending_queue import PendingJob, PendingQueue
+from actors.quotas import AccountQuota, QuotaLedger
 from actors.rooms import ReasonCache, WorkerRoom, fits_by_kind, workers_key
 from runtime.constraints import satisfied
 from runtime.loops import finish
@@ -74,6 +75,10 @@ class Plan:
     held_back: dict[int, tuple[str, ...]] = attrs.field(factory=dict)
     """job_id -> the workers where it failed, for the jobs not placed because only those had
     room for it (it waits for another: :func:`elsewhere`)."""
+    over_quota: Unschedulable | None = None
+    """The jobs left pending because their account's use, with what the round placed, leaves
+    no room for them under its caps, and why (``quota: alice uses 32000 of 32000 cpu_millis``;
+    its keys: :meth:`actors.quotas.QuotaLedger.reasons`); None: none."""
 
 
 def place(
@@ -106,12 +111,17 @@ def place_queue_steps(
     now: float = 0.0,
     step_visits: int = STEP_VISITS,
     reason_cache: ReasonCache | None = None,
+    quotas: Mapping[str, AccountQuota] | None = None,
 ) -> Generator[None, None, Plan]:
     """Decide a round in slices: a generator that yields after every ``step_visits`` jobs it
     considered and returns the :class:`Plan`. It places at most ``max_placements`` and reserves
     at most ``max_reservations`` workers, each for a job queued ``reserve_after_s`` or more
     before ``now`` (the queue's clock). A worker receives at most its ``placement_limit``; a job
-    whose ``not_before`` is after ``now`` is left alone.
+    whose ``not_before`` is after ``now`` is left alone. A job whose account (``quotas``: the
+    capped accounts by name; others have no cap) would pass a cap with it, on top of what the
+    account uses and what the round placed for it before, is neither placed nor reserves a
+    worker: it waits with the reason :attr:`Plan.over_quota` gives, and the jobs after it are
+    placed past it.
 
     Raises:
         ValueError: unknown policy, a negative ``max_reservations``, or ``step_visits`` < 1.
@@ -138,6 +148,7 @@ def place_queue_steps(
         dtype=np.int64,
     )
     eligible = queue.not_before <= now  # requeue backoff passed (or none)
+    ledger = QuotaLedger.of(queue.owners, quotas or {})
     everyone = np.ones(len(ordered), dtype=bool)
     # Each constraint group's eligible workers (group 0, no constraints: all of them), worked
     # out for the groups of the jobs queued now only (the queue's groups only grow).
@@ -194,6 +205,13 @@ def place_queue_steps(
         is_open = unreserved & (left > 0)
         shapes = queue.shape[window]
         fitting = eligible[window] & fit_by_shape(free_cpu, free_mem, is_open)[shapes]
+        within = (
+            None
+            if ledger is None
+            else ledger.within(queue.owner[window], queue.cpu[window], queue.mem[window])
+        )
+        if within is not None:
+            fitting &= within  # use only grows in a round: a job over its caps stays so
         visit = fitting
         wanted = max_reservations - len(reservations)
         if wanted > 0:
@@ -203,7 +221,8 @@ def place_queue_steps(
                 else fit_by_shape(free_cpu, free_mem, unreserved)[shapes]
             )
             waited = (now - queue.since[window]) >= reserve_after_s
-            blocked = np.flatnonzero(~room_fit & holdable[window] & waited & eligible[window])[:wanted]
+            candidates = ~room_fit & holdable[window] & waited & eligible[window]
+            blocked = np.flatnonzero(candidates if within is None else candidates & within)[:wanted]
             if blocked.size:
                 visit = fitting.copy()
                 visit[blocked] = True
@@ -215,6 +234,9 @@ def place_queue_steps(
             index = position + offset
             job_id = int(queue.ids[index])
             cpu, mem = int(queue.cpu[index]), int(queue.mem[index])
+            owner = int(queue.owner[index])
+            if ledger is not None and not ledger.fits(owner, cpu, mem):
+                continue  # over its caps now: waits (Plan.over_quota), reserving nothing
             allowed = group_rooms[int(queue.group[index])]
             if queue.container[index]:
                 allowed = allowed & runs_containers
@@ -253,11 +275,33 @@ def place_queue_steps(
             left[chosen] -= 1
             placements.append((job_id, names[chosen]))
             sizes[job_id] = (cpu, mem)
+            if ledger is not None:
+                ledger.take(owner, cpu, mem)
             if len(placements) >= limit:
                 break
         if not refilter:
             break
-    return attrs.evolve(plan, placements=tuple(placements))
+    over_quota = None if ledger is None else _over_quota(queue, ledger, eligible, sizes, unschedulable)
+    return attrs.evolve(plan, placements=tuple(placements), over_quota=over_quota)
+
+
+def _over_quota(
+    queue: PendingQueue,
+    ledger: QuotaLedger,
+    eligible: np.ndarray,
+    sizes: Mapping[int, tuple[int, int]],
+    unschedulable: Unschedulable,
+) -> Unschedulable:
+    """The jobs of the queue left over their account's caps as the round leaves them, with
+    their reasons: neither placed, nor backing off, nor unschedulable (that reason wins)."""
+    candidates = eligible.copy()
+    candidates[unschedulable.at] = False
+    if sizes:
+        candidates &= ~np.isin(queue.ids, np.fromiter(sizes, dtype=np.int64))
+    positions = np.flatnonzero(candidates)
+    found, keys, said = ledger.reasons(queue.owner[positions], queue.cpu[positions], queue.mem[positions])
+    at = positions[found]
+    return Unschedulable(at, queue.ids[at], keys, said)
 
 
 P = ParamSpec("P")

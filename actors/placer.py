@@ -176,6 +176,7 @@ class Placer(FencedWrites):
             now=read_done,
             idle_fingerprint=self._idle_fingerprint,
             reason_cache=self._reasons,
+            quotas=self.store.quotas,
         )
         plan = await finish_in_slices(steps)  # a checkpoint between slices; only this task changes the queue
         metrics.PLACER_BACKOFF_JOBS.set(len(plan.backing_off))

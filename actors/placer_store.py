@@ -16,6 +16,7 @@ import trio
 from actors import queries
 from actors.messages import WorkerRef
 from actors.pending_queue import PendingJob
+from actors.quotas import AccountQuota
 from actors.rooms import WorkerRoom
 from runtime.aio import ReadStore
 from runtime.constraints import Constraint
@@ -80,6 +81,10 @@ class PendingMark:
 class PlacerStore(Protocol):
     """What a round reads."""
 
+    quotas: dict[str, AccountQuota]
+    """The capped accounts' caps and use, by name, as of the last :meth:`live_workers` or
+    :meth:`read_round` (read with the workers; docs/quotas.md)."""
+
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
         """Alive workers heard from within ``fresh_s`` seconds (database time), cordoned and
         unhealthy ones included and marked."""
@@ -130,7 +135,9 @@ _JOB_COLUMNS = (
     "container",
     "constraints",
     "failed_on",
+    "owner",
 )
+_QUOTA_COLUMNS = ("name", "cpu_millis", "memory_mb", "used_cpu_millis", "used_memory_mb")
 
 
 def _job_rows(row: Any) -> list[tuple[Any, ...]]:
@@ -152,19 +159,30 @@ async def _waiting(rows: list[tuple[Any, ...]]) -> list[WaitingJob]:
                     job_id=job_id,
                     cpu_millis=cpu,
                     memory_mb=mem,
-                    priority=priority,
-                    needs_container=bool(container),
+                    priority=prio,
+                    needs_container=bool(box),
                     constraints=_constraints(constraints),
                     failed_on=tuple(failed_on.split()) if failed_on else (),
+                    owner=owner,
                 ),
                 reason=reason,
                 wait_s=wait_s or 0.0,
             )
-            for job_id, cpu, mem, priority, reason, _, _, wait_s, container, constraints, failed_on in rows[
+            for job_id, cpu, mem, prio, reason, _, _, wait_s, box, constraints, failed_on, owner in rows[
                 start : start + ROWS_PER_STEP
             ]
         ]
     return waiting
+
+
+def _quotas(row: Any) -> dict[str, AccountQuota]:
+    """The capped accounts of a read's one row of parallel arrays (``queries.QUOTAS``), by name."""
+    return {
+        name: AccountQuota(cpu_millis=cpu, memory_mb=mem, used_cpu_millis=used_cpu, used_memory_mb=used_mem)
+        for name, cpu, mem, used_cpu, used_mem in zip(
+            *(row[f"q_{c}"] or () for c in _QUOTA_COLUMNS), strict=True
+        )
+    }
 
 
 @functools.lru_cache(maxsize=1024)
@@ -207,13 +225,16 @@ class PgPlacerStore(ReadStore):
 
     trial_run_s: float = PlacerSettings().trial_run_s
     """The placer's ``trial_run_s``: which workers its reads say are on trial."""
+    quotas: dict[str, AccountQuota] = attrs.field(factory=dict, init=False)
 
     def server_settings(self) -> dict[str, str]:
         # As the ledger's: plan each read once.
         return {**super().server_settings(), "plan_cache_mode": "force_generic_plan"}
 
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
-        rows = await (await self._connection()).fetch(queries.LIVE_WORKERS, fresh_s, self.trial_run_s)
+        conn = await self._connection()
+        rows = await conn.fetch(queries.LIVE_WORKERS, fresh_s, self.trial_run_s)
+        self.quotas = _quotas(await conn.fetchrow(queries.QUOTAS))
         return [_live_worker(r) for r in rows]
 
     async def pending_jobs(self, limit: int) -> tuple[list[WaitingJob], PendingMark]:
@@ -233,6 +254,7 @@ class PgPlacerStore(ReadStore):
         assert row is not None
         columns = zip(*(row[f"w_{c}"] or () for c in _WORKER_COLUMNS), strict=True)
         workers = [_live_worker(dict(zip(_WORKER_COLUMNS, values, strict=True))) for values in columns]
+        self.quotas = _quotas(row)
         rows = _job_rows(row)
         # Rows above the mark came from the limited part of the read, the others from the
         # mark's transactions in flight.

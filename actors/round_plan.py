@@ -7,7 +7,7 @@ docs/design.md, "The placer's round".
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -17,7 +17,9 @@ from actors.messages import CommittedAssignment, Dispatch, Placement, WorkerRef
 from actors.pending_queue import PendingQueue
 from actors.placement import Plan, Unschedulable, in_one_go, place_queue_steps
 from actors.placer_store import LiveWorker
+from actors.quotas import AccountQuota
 from actors.rooms import ReasonCache, placement_limit
+from runtime.accounts import quota_reason_key
 from runtime.settings.leader import PlacerSettings
 
 RoundOutcome = Literal["unchanged", "nothing", "commit"]
@@ -102,20 +104,25 @@ def probe_limit(worker: LiveWorker, limit: int) -> int:
     return min(limit, 1) if idle and (worker.probe_due or not worker.unhealthy) else 0
 
 
-def _changed_unschedulable(
-    queue: PendingQueue, unschedulable: Unschedulable, cordoned: Sequence[str], unhealthy: Sequence[str]
+def _changed_reasons(
+    queue: PendingQueue, held: Unschedulable, said: Mapping[int, str], key: Callable[[str], str] = str
 ) -> list[tuple[int, str]]:
-    """(job_id, reason) for the unschedulable jobs whose reason (:func:`not_counting_cordoned`)
-    is not the one stored, in queue order; only the changed ones cost Python work."""
-    if not unschedulable.at.size:
+    """(job_id, reason) for the jobs of ``held`` whose stored reason is not their reason
+    (``said``, by their key in ``held.shapes``) as ``key`` compares them (by default, as text;
+    :func:`runtime.accounts.quota_reason_key` keeps a quota reason while the same cap holds the
+    job, whatever its account's use does meanwhile), in queue order; only the changed ones cost
+    Python work."""
+    if not held.at.size:
         return []
-    said = {k: not_counting_cordoned(r, cordoned, unhealthy) for k, r in unschedulable.by_shape.items()}
-    wanted = np.full(len(queue.shapes), -2, dtype=np.int64)
+    keys: dict[str, int] = {}
+    # By stored reason code; code -1 (none stored) reads the last element, which no reason has.
+    stored = np.array([keys.setdefault(key(t), len(keys)) for t in queue.reason_texts] + [-1], dtype=np.int64)
+    wanted = np.full(max(said) + 1, -2, dtype=np.int64)
     for k, reason in said.items():
-        wanted[k] = queue.code_of(reason)
-    changed = queue.reason_code[unschedulable.at] != wanted[unschedulable.shapes]
-    ids, shapes = unschedulable.ids[changed].tolist(), unschedulable.shapes[changed].tolist()
-    return [(job_id, said[k]) for job_id, k in zip(ids, shapes, strict=True)]
+        wanted[k] = keys.get(key(reason), -2)
+    changed = stored[queue.reason_code[held.at]] != wanted[held.shapes]
+    ids, codes = held.ids[changed].tolist(), held.shapes[changed].tolist()
+    return [(job_id, said[k]) for job_id, k in zip(ids, codes, strict=True)]
 
 
 def plan_round_steps(
@@ -127,6 +134,7 @@ def plan_round_steps(
     now: float,
     idle_fingerprint: tuple[Any, ...] | None = None,
     reason_cache: ReasonCache | None = None,
+    quotas: Mapping[str, AccountQuota] | None = None,
 ) -> Generator[None, None, RoundPlan]:
     """What one round commits and dispatches, decided in slices: a generator that yields
     between slices of :func:`actors.placement.place_queue_steps` and returns the plan. Neither
@@ -143,6 +151,8 @@ def plan_round_steps(
         idle_fingerprint: the fingerprint of the last round that found nothing to do, if the
             queue has not changed since; a round with the same one decides nothing.
         reason_cache: a memo of unschedulable reasons kept by the caller.
+        quotas: the capped accounts' caps and use, by name (docs/quotas.md); a job that would
+            take its account past a cap waits (:func:`actors.placement.place_queue_steps`).
 
     Raises:
         ValueError: the settings name an unknown policy.
@@ -177,7 +187,8 @@ def plan_round_steps(
         )
         for w, room in zip(workers, rooms, strict=True)
     )
-    fingerprint = (queue.version, len(backing_off), tuple(free), cordoned, unhealthy)
+    capped = tuple(sorted((name, attrs.astuple(q)) for name, q in (quotas or {}).items()))
+    fingerprint = (queue.version, len(backing_off), tuple(free), cordoned, unhealthy, capped)
     if fingerprint == idle_fingerprint:
         return RoundPlan(outcome="unchanged", fingerprint=fingerprint, backing_off=backing_off)
     by_id = {w.ref.worker_id: w.ref for w in workers}
@@ -190,9 +201,15 @@ def plan_round_steps(
         reserve_after_s=settings.reserve_after_s,
         now=now,
         reason_cache=reason_cache,
+        quotas=quotas,
     )
     placed = dict(plan.placements)
-    reasons = _changed_unschedulable(queue, plan.unschedulable, cordoned, unhealthy)
+    unschedulable = plan.unschedulable
+    said = {k: not_counting_cordoned(r, cordoned, unhealthy) for k, r in unschedulable.by_shape.items()}
+    reasons = _changed_reasons(queue, unschedulable, said)
+    if plan.over_quota is not None:
+        quota_reasons = _changed_reasons(queue, plan.over_quota, plan.over_quota.by_shape, quota_reason_key)
+        reasons += [(job_id, r) for job_id, r in quota_reasons if job_id not in plan.held_back]
     # A retry that only workers where it failed have room for now.
     waiting = {
         job_id: f"waiting for a worker where it has not failed (failed on {_named(sorted(failed_on))})"
@@ -204,6 +221,8 @@ def plan_round_steps(
     # that are neither unschedulable nor backing off, column by column.
     stored = (queue.reason_code >= 0) & (queue.not_before <= now)
     stored[plan.unschedulable.at] = False
+    if plan.over_quota is not None:
+        stored[plan.over_quota.at] = False
     reasons += [
         (job_id, "")
         for job_id in queue.ids[stored].tolist()

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from runtime import accounts as _accounts
 from runtime import identifiers
 from runtime.checks import check_int_between as _int_between
 from runtime.checks import check_text as _text
@@ -328,6 +329,14 @@ LIMITS = (
         "a restarted agent's `held_assignment_ids` (RegisterWorker, with `resume_incarnation`)",
         f"at most {_n(MAX_HELD_ASSIGNMENTS)}, each an assignment id; none without `resume_incarnation`",
         ("MAX_HELD_ASSIGNMENTS",),
+    ),
+    Limit(
+        "an account's caps (`stockade account set`): `cpu_millis`, `memory_mb`, `max_pending`",
+        f"0 to {_n(_accounts.MAX_CAPS['cpu_millis'])}, 0 to {_n(_accounts.MAX_CAPS['memory_mb'])} (the "
+        f"largest job's times {_n(_accounts.MAX_QUOTA_WORKERS)} workers), 0 to "
+        f"{_n(_accounts.MAX_CAPS['max_pending'])}; `weight` a finite number above 0 and at most "
+        f"{_n(int(_accounts.MAX_WEIGHT))}; the account's `name` as `worker_id`",
+        (),
     ),
     Limit(
         "a planned restart's hold: Heartbeat `restart_hold_ms`, `stockade agent --restart-hold-s`",

@@ -125,7 +125,7 @@ def check_worker_id(worker_id: str) -> str:
     return identifiers.check_id(worker_id, field="worker_id")
 
 
-AUDIT_ACTIONS = ("submit", "cancel", "drain", "cordon", "uncordon")
+AUDIT_ACTIONS = ("submit", "cancel", "drain", "cordon", "uncordon", "account_set")
 """Every action the audit trail records (schema.sql, audit_log.action)."""
 
 

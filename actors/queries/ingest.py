@@ -80,7 +80,9 @@ SELECT prior.rpc IS NOT NULL AS replayed, prior.rpc, prior.request_sha256,
 # nothing when one does not exist (its answer is then empty and no key is kept: the caller names
 # the missing ids). A task is waiting while a dependency has not succeeded, or while it is beyond
 # its array's limit (its position k from 1 above the limit); else pending. Answer: one row, id
-# (the job's, or the array's) and tasks (how many rows).
+# (the job's, or the array's) and tasks (how many rows). Refused whole (SQLSTATE SK001) when its
+# rows would take the owner's pending and waiting jobs over its max_pending (schema.sql,
+# check_max_pending; a replay is not checked).
 SUBMIT_JOB = once(
     "submit_job",
     """
@@ -94,8 +96,11 @@ SELECT min(id) AS id, count(*) AS tasks FROM inserted HAVING count(*) > 0
            coalesce((SELECT array_agg(s.dep ORDER BY s.dep) FROM dependency_states($16::bigint[]) s
                       WHERE s.state <> 'succeeded'), '{}') AS unfinished
 ),
+queued AS (
+    SELECT check_max_pending($20::text, coalesce($18::int - $17::int + 1, 1)) AS ok FROM fresh
+),
 first AS (
-    SELECT nextval('jobs_id_seq') AS id FROM fresh, deps WHERE deps.all_exist
+    SELECT nextval('jobs_id_seq') AS id FROM fresh, deps, queued WHERE deps.all_exist AND queued.ok
 ),
 tasks AS (
     SELECT i, row_number() OVER (ORDER BY i) AS k
@@ -134,7 +139,7 @@ inserted AS (
 # audit's, the idempotency key and the request's sha256 (see once). One statement: all jobs or none; none
 # when a job names a dependency that does not exist (already: a job of the batch cannot name
 # another). A job waits as SUBMIT_JOB's (a batch holds no array). Answer rows: id, one per job,
-# drawn in order.
+# drawn in order. Refused whole over the owner's max_pending, as SUBMIT_JOB.
 SUBMIT_JOBS = once(
     "submit_jobs",
     """
@@ -150,8 +155,8 @@ SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
        CASE WHEN cardinality(d.unfinished) > 0
             THEN 'waiting for job ' || array_to_string(d.unfinished, ', ') ELSE '' END,
        nextval('pending_seq'), $17::text
-  FROM batch t JOIN deps d ON d.n = t.n, fresh
- WHERE NOT EXISTS (SELECT FROM deps WHERE NOT deps.all_exist)
+  FROM batch t JOIN deps d ON d.n = t.n, fresh, queued
+ WHERE NOT EXISTS (SELECT FROM deps WHERE NOT deps.all_exist) AND queued.ok
  ORDER BY t.n
 RETURNING id
 """,
@@ -171,7 +176,31 @@ deps AS (
            coalesce((SELECT array_agg(s.dep ORDER BY s.dep) FROM dependency_states(b.after) s
                       WHERE s.state <> 'succeeded'), '{}') AS unfinished
       FROM batch b
-),""",
+),
+queued AS (SELECT check_max_pending($17::text, (SELECT count(*) FROM batch)) AS ok FROM fresh),""",
+)
+
+# $1 account name, $2 cpu_millis cap, $3 memory_mb cap, $4 max_pending (each NULL: keep the
+# stored one), $5 weight (NULL: keep; a new row's is 1), $6 caps to remove (text[]); then the
+# audit's (action account_set), the idempotency key and the request's sha256 (see once).
+# Answer: one row, the account as stored (id: its name).
+SET_ACCOUNT = once(
+    "set_account",
+    """
+INSERT INTO accounts AS a (name, cpu_millis, memory_mb, max_pending, weight)
+SELECT $1::text, $2::bigint, $3::bigint, $4::bigint, coalesce($5::float8, 1) FROM fresh
+    ON CONFLICT (name) DO UPDATE SET
+       cpu_millis = CASE WHEN 'cpu_millis' = ANY($6::text[]) THEN NULL
+                         ELSE coalesce(EXCLUDED.cpu_millis, a.cpu_millis) END,
+       memory_mb = CASE WHEN 'memory_mb' = ANY($6::text[]) THEN NULL
+                        ELSE coalesce(EXCLUDED.memory_mb, a.memory_mb) END,
+       max_pending = CASE WHEN 'max_pending' = ANY($6::text[]) THEN NULL
+                          ELSE coalesce(EXCLUDED.max_pending, a.max_pending) END,
+       weight = coalesce($5::float8, a.weight), updated_at = now()
+RETURNING name AS id, cpu_millis, memory_mb, max_pending, weight
+""",
+    params=6,
+    action="account_set",
 )
 
 # $1 job ids. Those that do not exist, by id (a submission naming them stored nothing).

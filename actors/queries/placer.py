@@ -24,9 +24,18 @@ SELECT p.*, pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xmax,
                array_agg(reason) AS p_reason, array_agg(pending_xid) AS p_pending_xid,
                array_agg(pending_seq) AS p_pending_seq, array_agg(wait_s) AS p_wait_s,
                array_agg(container) AS p_container, array_agg(constraints) AS p_constraints,
-               array_agg(failed_on) AS p_failed_on
+               array_agg(failed_on) AS p_failed_on, array_agg(owner) AS p_owner
           FROM (SELECT * FROM placeable_jobs ORDER BY priority DESC, id LIMIT $1) ps) p,
        (SELECT pg_current_snapshot() AS s) snap
+"""
+
+# The capped accounts' caps and use (schema.sql, quota_usage) as parallel arrays in one row
+# (NULL when there are none): read with every round (ROUND_READ) and with a full read.
+QUOTAS = """
+SELECT array_agg(name) AS q_name, array_agg(cpu_millis) AS q_cpu_millis,
+       array_agg(memory_mb) AS q_memory_mb, array_agg(used_cpu_millis) AS q_used_cpu_millis,
+       array_agg(used_memory_mb) AS q_used_memory_mb
+  FROM quota_usage
 """
 
 # $1 worker_fresh_s, $2 $3 the mark (pending_xid, pending_seq), $4 limit, $5 the mark's
@@ -36,8 +45,8 @@ SELECT p.*, pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xmax,
 # (pending_xid, pending_seq) order, up to the limit; and those at or below the mark made pending
 # by a transaction that was still in flight at the previous read (see actors/placer_store.py,
 # PendingMark).
-ROUND_READ = """
-SELECT w.*, p.*, pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xmax,
+ROUND_READ = f"""
+SELECT w.*, p.*, q.*, pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xmax,
        ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(snap.s) x) AS snapshot_xip
   FROM (SELECT array_agg(w.id) AS w_id, array_agg(w.address) AS w_address,
                array_agg(w.incarnation) AS w_incarnation, array_agg(w.cpu_millis) AS w_cpu_millis,
@@ -55,12 +64,13 @@ SELECT w.*, p.*, pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xmax,
                array_agg(reason) AS p_reason, array_agg(pending_xid) AS p_pending_xid,
                array_agg(pending_seq) AS p_pending_seq, array_agg(wait_s) AS p_wait_s,
                array_agg(container) AS p_container, array_agg(constraints) AS p_constraints,
-               array_agg(failed_on) AS p_failed_on
+               array_agg(failed_on) AS p_failed_on, array_agg(owner) AS p_owner
           FROM ((SELECT * FROM placeable_jobs WHERE (pending_xid, pending_seq) > ($2, $3)
                   ORDER BY pending_xid, pending_seq LIMIT $4)
                 UNION ALL
                 (SELECT * FROM placeable_jobs
                   WHERE pending_xid = ANY($5::bigint[]) AND (pending_xid, pending_seq) <= ($2, $3))) ps) p,
+       ({QUOTAS}) q,
        (SELECT pg_current_snapshot() AS s) snap
 """
 

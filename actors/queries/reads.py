@@ -231,3 +231,30 @@ STATUS_UNSCHEDULABLE = (
  WHERE j.state = 'pending' AND j.reason LIKE 'unschedulable%' ORDER BY j.id LIMIT 20
 """
 )
+
+
+# $1 one account (NULL: every account with a row or with queued or in-use jobs). Each, by name:
+# its caps (NULL: none) and weight (1 without a row), the cpu_millis and memory_mb of its
+# assigned and running jobs, and how many of its jobs are pending or waiting. One account is
+# answered even with no row and no jobs (no caps, weight 1, nothing used).
+ACCOUNTS = """
+WITH names AS (
+    SELECT $1::text AS name WHERE $1::text IS NOT NULL
+    UNION SELECT name FROM accounts WHERE $1::text IS NULL
+    UNION SELECT DISTINCT owner FROM jobs
+     WHERE $1::text IS NULL AND state IN ('pending', 'waiting', 'assigned', 'running')
+)
+SELECT n.name, a.cpu_millis, a.memory_mb, a.max_pending, coalesce(a.weight, 1) AS weight,
+       coalesce(u.used_cpu_millis, 0) AS used_cpu_millis,
+       coalesce(u.used_memory_mb, 0) AS used_memory_mb, coalesce(u.queued_jobs, 0) AS queued_jobs
+  FROM names n
+  LEFT JOIN accounts a ON a.name = n.name
+  LEFT JOIN LATERAL (
+      SELECT sum(j.cpu_millis) FILTER (WHERE j.state IN ('assigned', 'running')) AS used_cpu_millis,
+             sum(j.memory_mb) FILTER (WHERE j.state IN ('assigned', 'running')) AS used_memory_mb,
+             count(*) FILTER (WHERE j.state IN ('pending', 'waiting')) AS queued_jobs
+        FROM jobs j
+       WHERE j.owner = n.name AND j.state IN ('pending', 'waiting', 'assigned', 'running')
+  ) u ON true
+ ORDER BY n.name
+"""

@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "console": ("console",),
     "workers": ("cordon", "uncordon", "drain"),
     "audit": ("audit",),
+    "accounts": ("account",),
     "chaos": ("chaos", "check"),
     "processes.control_plane": ("cp",),
     "processes.agents": ("agent", "fleet"),
@@ -43,7 +44,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
 """Each module that registers commands on the app, with the commands it registers, in the
 order ``--help`` lists them (a unit test keeps this equal to what the modules register)."""
 
-CLIENT_GROUPS = ("jobs", "logs", "workers", "audit")
+CLIENT_GROUPS = ("jobs", "logs", "workers", "audit", "accounts")
 """The groups whose commands are one short call: they run with the garbage collector paused."""
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import rich.box
 from rich.console import Group
 from rich.table import Table
@@ -16,7 +17,7 @@ from rich.text import Text
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ops.client.results import Attempt, AuditEntry, ClusterStatus, Job, Worker
+    from ops.client.results import Account, Attempt, AuditEntry, ClusterStatus, Job, Worker
     from runtime.jobs import JobSpec
 
 
@@ -416,3 +417,36 @@ def print_audit(entries: Sequence[AuditEntry]) -> None:
         )
     console().print(table)
     console().print(f"{len(entries)} row{'' if len(entries) == 1 else 's'}")
+
+
+def account_json(account: Account) -> dict[str, Any]:
+    """An account as ``stockade account show --json`` prints it: ``name``, the caps
+    ``cpu_millis``, ``memory_mb`` and ``max_pending`` (null: none), ``weight``, and what it uses
+    now: ``used_cpu_millis``, ``used_memory_mb``, ``queued_jobs``."""
+    return attrs.asdict(account)
+
+
+def print_accounts(accounts: Sequence[Account]) -> None:
+    """``stockade account list``'s (and ``show``'s) table: one account a row, each cap beside
+    what it uses now (``-``: no cap), and how many accounts there are."""
+    from ops.cli.common import console
+
+    def of(used: int, cap: int | None) -> str:
+        return f"{used} / -" if cap is None else f"{used} / {cap}"
+
+    table = Table(box=rich.box.SIMPLE_HEAD, padding=(0, 1))
+    table.add_column("account", no_wrap=True)
+    table.add_column("cpu_millis used / cap", justify="right", no_wrap=True)
+    table.add_column("memory_mb used / cap", justify="right", no_wrap=True)
+    table.add_column("pending+waiting / max", justify="right", no_wrap=True)
+    table.add_column("weight", justify="right", no_wrap=True)
+    for a in accounts:
+        table.add_row(
+            Text(a.name),
+            of(a.used_cpu_millis, a.cpu_millis),
+            of(a.used_memory_mb, a.memory_mb),
+            of(a.queued_jobs, a.max_pending),
+            f"{a.weight:g}",
+        )
+    console().print(table)
+    console().print(f"{len(accounts)} account{'' if len(accounts) == 1 else 's'}")

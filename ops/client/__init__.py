@@ -13,6 +13,7 @@ from ops.client.asyncio_face import AsyncioClient, AsyncioLogStream
 from ops.client.core import Client
 from ops.client.errors import JobNotFound, WaitTimedOut, WorkerNotFound
 from ops.client.results import (
+    Account,
     Attempt,
     AuditEntry,
     CancelOutcome,
@@ -46,6 +47,7 @@ from runtime.errors import (
 from runtime.jobs import ArrayRange, CommandRuntime, ContainerRuntime, JobSpec, SleepRuntime
 
 __all__ = [
+    "Account",
     "ArrayRange",
     "AsyncioClient",
     "AsyncioLogStream",

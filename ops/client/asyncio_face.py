@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from ops.client.core import Client
 from ops.client.results import (
+    Account,
     AuditEntry,
     CancelOutcome,
     ClusterStatus,
@@ -158,6 +159,49 @@ class AsyncioClient:
         return await self._run(
             self._client.audit, account=account, action=action, since_s=since_s, limit=limit
         )
+
+    async def set_account(
+        self,
+        name: str,
+        *,
+        cpu_millis: int | None = None,
+        memory_mb: int | None = None,
+        max_pending: int | None = None,
+        weight: float | None = None,
+        clear: Sequence[str] = (),
+        idempotency_key: str | None = None,
+    ) -> Account:
+        """Set an account's quotas and weight. As :meth:`Client.set_account`.
+
+        Raises:
+            the errors of :meth:`Client.set_account`.
+        """
+        return await self._run(
+            self._client.set_account,
+            name,
+            cpu_millis=cpu_millis,
+            memory_mb=memory_mb,
+            max_pending=max_pending,
+            weight=weight,
+            clear=clear,
+            idempotency_key=idempotency_key,
+        )
+
+    async def account(self, name: str) -> Account:
+        """An account's quotas, weight and use. As :meth:`Client.account`.
+
+        Raises:
+            the errors of :meth:`Client.account`.
+        """
+        return await self._run(self._client.account, name)
+
+    async def accounts(self) -> tuple[Account, ...]:
+        """Every account with quotas or queued or in-use jobs. As :meth:`Client.accounts`.
+
+        Raises:
+            the errors of :meth:`Client.accounts`.
+        """
+        return await self._run(self._client.accounts)
 
     async def status(self) -> ClusterStatus:
         """The cluster at a glance. As :meth:`Client.status`.

@@ -8,21 +8,23 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ops.client.checks import check_account, check_job_id, check_key, check_seconds, is_int_in
 from ops.client.errors import JobNotFound, WaitTimedOut, WorkerNotFound, raised_as
 from ops.client.results import (
+    Account,
     AuditEntry,
     CancelOutcome,
     ClusterStatus,
     Job,
     JobHistory,
     WorkerSchedule,
+    account_from_pb,
     audit_from_pb,
     cancel_from_pb,
     history_from_pb,
@@ -39,7 +41,6 @@ from runtime.errors import (
     InvalidArgument,
     NoControlPlaneReachable,
 )
-from runtime.idempotency_keys import new_idempotency_key
 from runtime.jobs import JobSpec
 
 if TYPE_CHECKING:
@@ -57,40 +58,6 @@ LOG_STREAMS = ("stdout", "stderr")
 """The outputs of a job :meth:`Client.logs` reads."""
 MAX_TAIL_BYTES = 2**64 - 1
 """The most ``tail_max_bytes`` may be (the wire's uint64)."""
-
-
-def _check_key(key: str | None) -> str:
-    """The caller's key, checked (InvalidArgument: empty, over 128 bytes, a control character),
-    or a fresh random UUID."""
-    return new_idempotency_key() if key is None else validation.check_idempotency_key(key)
-
-
-def _check_job_id(job_id: int, field: str = "job_id") -> int:
-    """Raises InvalidArgument unless ``job_id`` is an integer of 1..2**63-1."""
-    if isinstance(job_id, bool) or not isinstance(job_id, int):
-        raise InvalidArgument(field, job_id, "must be an integer")
-    return validation.check_job_id(job_id)
-
-
-def _check_account(account: str | None) -> None:
-    if account is not None:
-        from runtime.identifiers import check_id
-
-        check_id(account, field="account")
-
-
-def _is_int_in(value: object, low: int, high: int) -> bool:
-    """Whether ``value`` is an integer (not a bool) of ``low..high``."""
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-
-def _check_seconds(field: str, value: float | None) -> float:
-    """``value`` seconds, None as ``inf``; InvalidArgument unless a number > 0 (not NaN)."""
-    if value is None:
-        return math.inf
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise InvalidArgument(field, value, "must be a number of seconds > 0, or None for no limit")
-    return float(value)
 
 
 class Client:
@@ -189,7 +156,7 @@ class Client:
 
         checked = spec.check()
         request = pb.SubmitJobRequest(
-            spec=job_spec_to_pb(checked), idempotency_key=_check_key(idempotency_key)
+            spec=job_spec_to_pb(checked), idempotency_key=check_key(idempotency_key)
         )
         reply: pb.SubmitJobReply = await self._cp.call("submit_job", request)
         return int(reply.job_id)
@@ -219,7 +186,7 @@ class Client:
 
         checked = validation.check_jobs(list(specs))
         request = pb.SubmitJobsRequest(
-            specs=[job_spec_to_pb(spec) for spec in checked], idempotency_key=_check_key(idempotency_key)
+            specs=[job_spec_to_pb(spec) for spec in checked], idempotency_key=check_key(idempotency_key)
         )
         reply: pb.SubmitJobsReply = await self._cp.call(
             "submit_jobs", request, timeout_s=self.settings.timeout_s + SUBMIT_S_PER_JOB * len(checked)
@@ -253,7 +220,7 @@ class Client:
 
     async def _job_call(self, rpc: str, make_request: Callable[..., Any], job_id: int) -> Any:
         """A read of one job: ``job_id`` checked, sent, NotFound raised as JobNotFound."""
-        _check_job_id(job_id)
+        check_job_id(job_id)
         with raised_as(functools.partial(JobNotFound, job_id)):
             return await self._cp.call(rpc, make_request(job_id=job_id))
 
@@ -276,8 +243,8 @@ class Client:
             NoControlPlaneReachable: no control plane answered for :data:`WAIT_UNREACHABLE_S`.
             ClusterBusy, PermissionDenied: as :meth:`submit`.
         """
-        _check_job_id(job_id)
-        limit_s = _check_seconds("timeout_s", timeout_s)
+        check_job_id(job_id)
+        limit_s = check_seconds("timeout_s", timeout_s)
         last: Job | None = None
         unreachable_since: float | None = None
         reads = 0
@@ -320,9 +287,9 @@ class Client:
         """
         from protocol import pb
 
-        _check_job_id(job_id)
+        check_job_id(job_id)
         request = pb.CancelJobRequest(
-            job_id=job_id, idempotency_key=_check_key(idempotency_key), only_this_task=only_this_task
+            job_id=job_id, idempotency_key=check_key(idempotency_key), only_this_task=only_this_task
         )
         with raised_as(functools.partial(JobNotFound, job_id)):
             reply: pb.CancelJobReply = await self._cp.call("cancel_job", request)
@@ -354,7 +321,7 @@ class Client:
                 "limit", limit, f"must be an integer between 0 and {validation.MAX_LIST_LIMIT}"
             )
         validation.check_list(state or "", limit)
-        _check_account(account)
+        check_account(account)
         request = pb.ListJobsRequest(state=state or "", limit=limit, account=account or "")
         reply: pb.ListJobsReply = await self._cp.call("list_jobs", request)
         return tuple(job_from_pb(info) for info in reply.jobs)
@@ -374,7 +341,7 @@ class Client:
             account: only this account's rows; None: every account this client may see (a
                 user's certificate sees its own rows only).
             action: only this action (``submit``, ``cancel``, ``drain``, ``cordon``,
-                ``uncordon``); None: every action.
+                ``uncordon``, ``account_set``); None: every action.
             since_s: only rows of the last ``since_s`` seconds (database time); None: all.
             limit: at most this many rows, 0 to 10,000 (0: 100).
 
@@ -391,7 +358,7 @@ class Client:
                 "limit", limit, f"must be an integer between 0 and {validation.MAX_LIST_LIMIT}"
             )
         validation.check_audit_query(action or "", since_s, limit)
-        _check_account(account)
+        check_account(account)
         request = pb.ListAuditRequest(
             account=account or "",
             action=action or "",
@@ -401,6 +368,70 @@ class Client:
         )
         reply: pb.ListAuditReply = await self._cp.call("list_audit", request)
         return tuple(audit_from_pb(entry) for entry in reply.entries)
+
+    async def set_account(
+        self,
+        name: str,
+        *,
+        cpu_millis: int | None = None,
+        memory_mb: int | None = None,
+        max_pending: int | None = None,
+        weight: float | None = None,
+        clear: Sequence[str] = (),
+        idempotency_key: str | None = None,
+    ) -> Account:
+        """Set an account's quotas and fair-share weight (operators only; docs/quotas.md); what
+        is not given keeps its stored value. Returns the account as stored, with its use.
+
+        Args:
+            name: the account (the id rules).
+            cpu_millis, memory_mb: caps on what its assigned and running jobs hold, 0 to
+                ``runtime.accounts.MAX_CAPS``; None: keep.
+            max_pending: cap on its pending and waiting jobs; None: keep.
+            weight: its fair-share weight, finite and > 0; None: keep (1 for a new account).
+            clear: caps to remove (``cpu_millis``, ``memory_mb``, ``max_pending``), none given.
+            idempotency_key: this call's key, as in :meth:`submit`.
+
+        Raises:
+            InvalidArgument: a field breaks its rule (naming it, its value and the limit);
+                nothing was sent.
+            IdempotencyConflict, NoControlPlaneReachable, ClusterBusy, PermissionDenied: as
+                :meth:`submit`.
+        """
+        from runtime.accounts import AccountChange
+
+        caps = {"cpu_millis": cpu_millis, "memory_mb": memory_mb, "max_pending": max_pending}
+        change = AccountChange(name=name, weight=weight, clear=tuple(clear), **caps).check()
+        request = change.to_pb(check_key(idempotency_key))
+        reply: pb.AccountInfo = await self._cp.call("set_account", request)
+        return account_from_pb(reply)
+
+    async def account(self, name: str) -> Account:
+        """An account's quotas, weight and use (one never set: no caps, weight 1).
+
+        Raises:
+            InvalidArgument: ``name`` breaks the id rules; nothing was sent.
+            PermissionDenied: a user's certificate (or a scoped viewer's) asked for another account.
+            NoControlPlaneReachable, ClusterBusy: as :meth:`submit`.
+        """
+        from protocol import pb
+        from runtime.identifiers import check_id
+
+        check_id(name, field="name")
+        reply: pb.AccountInfo = await self._cp.call("get_account", pb.GetAccountRequest(name=name))
+        return account_from_pb(reply)
+
+    async def accounts(self) -> tuple[Account, ...]:
+        """Every account with quotas set or with jobs queued or in use, by name (a user's
+        certificate: its own).
+
+        Raises:
+            NoControlPlaneReachable, ClusterBusy, PermissionDenied: as :meth:`submit`.
+        """
+        from protocol import pb
+
+        reply: pb.ListAccountsReply = await self._cp.call("list_accounts", pb.ListAccountsRequest())
+        return tuple(account_from_pb(a) for a in reply.accounts)
 
     async def status(self) -> ClusterStatus:
         """The leader and its epoch, the control planes, every worker with its load, the job
@@ -457,15 +488,15 @@ class Client:
         """
         from protocol import pb
 
-        _check_job_id(job_id)
+        check_job_id(job_id)
         if stream not in LOG_STREAMS:
             raise InvalidArgument("stream", stream, f"must be one of {', '.join(LOG_STREAMS)}")
-        if tail_lines is not None and not _is_int_in(tail_lines, 0, validation.MAX_TAIL_LINES):
+        if tail_lines is not None and not is_int_in(tail_lines, 0, validation.MAX_TAIL_LINES):
             raise InvalidArgument(
                 "tail_lines", tail_lines, f"must be an integer between 0 and {validation.MAX_TAIL_LINES}"
             )
         if tail_max_bytes is not None and (
-            tail_lines is None or not _is_int_in(tail_max_bytes, 1, MAX_TAIL_BYTES)
+            tail_lines is None or not is_int_in(tail_max_bytes, 1, MAX_TAIL_BYTES)
         ):
             raise InvalidArgument(
                 "tail_max_bytes",
@@ -547,7 +578,7 @@ class Client:
     ) -> WorkerSchedule:
         """One of cordon, uncordon and drain: checked, sent, its reply typed."""
         validation.check_worker_id(worker_id)
-        request = make_request(worker_id=worker_id, idempotency_key=_check_key(key))
+        request = make_request(worker_id=worker_id, idempotency_key=check_key(key))
         with raised_as(functools.partial(WorkerNotFound, worker_id)):
             reply = await self._cp.call(rpc, request)
         return schedule_from_pb(reply)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
+from runtime.accounts import CAPS
 from runtime.jobs import JobSpec
 
 if TYPE_CHECKING:
@@ -313,11 +314,33 @@ class AuditEntry:
     address: str
     """The peer address (``host:port``) the control plane saw."""
     action: str
-    """``submit``, ``cancel``, ``drain``, ``cordon`` or ``uncordon``."""
+    """``submit``, ``cancel``, ``drain``, ``cordon``, ``uncordon`` or ``account_set``."""
     target_ids: tuple[int | str, ...]
     """What it changed: job ids (an array's id for an array), or a worker id."""
     arguments: dict[str, Any]
     """Its key arguments (``{"only_this_task": false}``, ``{"deadline_s": 60.0}``...)."""
+
+
+@attrs.frozen(kw_only=True)
+class Account:
+    """An account's quotas, fair-share weight and what it uses now (``Client.account``;
+    docs/quotas.md). A cap of None is no cap."""
+
+    name: str
+    cpu_millis: int | None
+    """Cap on the cpu_millis its assigned and running jobs hold."""
+    memory_mb: int | None
+    """Cap on the memory_mb (MiB) its assigned and running jobs hold."""
+    max_pending: int | None
+    """Cap on its pending and waiting jobs (a submission past it is refused)."""
+    weight: float
+    """Its fair-share weight (1 unless set)."""
+    used_cpu_millis: int
+    """The cpu_millis of its assigned and running jobs."""
+    used_memory_mb: int
+    """The memory_mb of its assigned and running jobs."""
+    queued_jobs: int
+    """How many of its jobs are pending or waiting."""
 
 
 @attrs.frozen(kw_only=True)
@@ -404,6 +427,12 @@ def audit_from_pb(message: pb.AuditEntry) -> AuditEntry:
     targets = json.loads(message.target_ids_json or "[]")
     arguments = json.loads(message.arguments_json or "{}")
     return _from_pb(AuditEntry, message, target_ids=tuple(targets), arguments=arguments)
+
+
+def account_from_pb(message: pb.AccountInfo) -> Account:
+    """An ``AccountInfo`` message as an :class:`Account` (a cap not set is None, 0 is a cap)."""
+    caps = {cap: int(getattr(message, cap)) if getattr(message, f"has_{cap}") else None for cap in CAPS}
+    return _from_pb(Account, message, **caps)
 
 
 def history_from_pb(message: pb.GetJobEventsReply) -> JobHistory:

@@ -20,7 +20,13 @@ import trio
 
 from runtime import log, metrics
 from runtime.aio.bridge import CLEANUP_DEADLINE_S, connection_errors, run_aio
-from runtime.errors import DatabaseBusy, DatabaseRefused, DatabaseUnavailable, DuplicateKey
+from runtime.errors import (
+    DatabaseBusy,
+    DatabaseRefused,
+    DatabaseUnavailable,
+    DuplicateKey,
+    FailedPrecondition,
+)
 
 if TYPE_CHECKING:
     import asyncpg
@@ -45,6 +51,11 @@ KEEPALIVE_COUNT = 3
 TCP_USER_TIMEOUT_S = 10
 """Seconds sent data may stay unacknowledged before the kernel drops the connection
 (``TCP_USER_TIMEOUT``, Linux; it bounds a call to a frozen server even without our deadline)."""
+
+REFUSED_SQLSTATE = "SK001"
+"""The SQLSTATE a statement of ours raises to refuse a request whole for a rule only the database
+can judge (schema.sql's check_max_pending): raised here as :class:`FailedPrecondition`, with the
+database's message (which names the account, its count and the cap)."""
 
 _STALE_STATEMENT_ERRORS = ("InvalidCachedStatementError", "OutdatedSchemaCacheError")
 
@@ -183,7 +194,8 @@ class PgConnection:
     Create with :meth:`connect`; every method may raise :class:`DatabaseUnavailable` when the
     connection breaks or a call goes unanswered for ``call_timeout_s`` (the owner then connects
     again), :class:`DatabaseBusy` when the server gave up on the statement, and
-    :class:`DuplicateKey` when it broke a unique index; other SQL errors are asyncpg's own.
+    :class:`DuplicateKey` when it broke a unique index, :class:`FailedPrecondition` when it raised
+    :data:`REFUSED_SQLSTATE` (rolled back whole); other SQL errors are asyncpg's own.
 
     Args:
         raw: the asyncpg connection (or a pool's proxy of one).
@@ -284,8 +296,10 @@ class PgConnection:
             except asyncpg.exceptions.UniqueViolationError as exc:
                 self._answered()
                 raise DuplicateKey(exc.constraint_name or "", str(exc)) from exc
-            except asyncpg.exceptions.PostgresError:
+            except asyncpg.exceptions.PostgresError as exc:
                 self._answered()
+                if getattr(exc, "sqlstate", None) == REFUSED_SQLSTATE:
+                    raise FailedPrecondition(str(exc)) from exc
                 raise
             self._answered()
             return result

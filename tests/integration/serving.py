@@ -11,9 +11,15 @@ from ssl import SSLContext
 import trio
 
 from actors.ingest import Ingest
+from actors.ledger import Ledger
+from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
+from actors.placer import Placer
+from actors.placer_store import PgPlacerStore
+from actors.role import RoleView
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
 from runtime.settings.control_plane import IngestSettings
+from runtime.settings.leader import LedgerSettings, PlacerSettings
 from runtime.tls import ClientTls, TlsFiles, server_context
 
 HOLD_LEASE = "UPDATE lease SET holder = 'cp-1', epoch = $1, expires_at = now() + interval '1 hour'"
@@ -84,3 +90,36 @@ async def ingest_and_leader(
         finally:
             cp.close()
             await admin.close()
+
+
+@asynccontextmanager
+async def placer_with_ledger(database_url: str) -> AsyncIterator[Placer]:
+    """A placer whose rounds (``await placer.round(1)``) a ledger of its own commits under epoch 1
+    (the test holds the lease: :data:`HOLD_LEASE`), on the caller's loop with the asyncio bridge
+    open; what it dispatches goes nowhere; both stopped on leaving."""
+    async with trio.open_nursery() as nursery:
+        ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
+        lease_send, _ = trio.open_memory_channel[LeaseInbox](8)
+        ledger = Ledger(
+            cp_id="cp-1",
+            database_url=database_url,
+            settings=LedgerSettings(),
+            inbox=ledger_recv,
+            lease_inbox=lease_send,
+        )
+        await nursery.start(ledger.run)
+        dispatch_send, _dispatched = trio.open_memory_channel[DispatcherInbox](100)
+        _, roles_recv = trio.open_memory_channel[RoleChange](8)
+        store = PgPlacerStore(database_url=database_url, application_name="test placer")
+        placer = Placer(
+            settings=PlacerSettings(),
+            store=store,
+            role=RoleView(changes=roles_recv, lease_inbox=lease_send),
+            ledger=ledger_send,
+            dispatcher=dispatch_send,
+        )
+        try:
+            yield placer
+        finally:
+            await store.close()
+            nursery.cancel_scope.cancel()

@@ -9,21 +9,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-import trio
 from seeding import insert_job
-from serving import HOLD_LEASE
+from serving import HOLD_LEASE, placer_with_ledger
 
 from actors import queries
-from actors.ledger import Ledger
-from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
-from actors.placer import Placer
 from actors.placer_store import PgPlacerStore
-from actors.role import RoleView
 from runtime.aio import PgConnection, asyncio_bridge
-from runtime.settings.leader import (
-    LedgerSettings,
-    PlacerSettings,
-)
 
 
 @pytest.fixture
@@ -133,26 +124,7 @@ async def test_a_lower_pending_seq_committed_after_the_placers_full_read_is_plac
     )
     await db.fetchrow(queries.HEARTBEAT, "w-1", incarnation, *[[]] * 9, 0, 0, 250, 2500)
     slow = await PgConnection.connect(database_url)
-    async with trio.open_nursery() as nursery:
-        ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
-        lease_send, _ = trio.open_memory_channel[LeaseInbox](8)
-        ledger = Ledger(
-            cp_id="cp-1",
-            database_url=database_url,
-            settings=LedgerSettings(),
-            inbox=ledger_recv,
-            lease_inbox=lease_send,
-        )
-        await nursery.start(ledger.run)
-        _, roles = trio.open_memory_channel[RoleChange](8)
-        dispatch_send, _dispatched = trio.open_memory_channel[DispatcherInbox](100)
-        placer = Placer(
-            settings=PlacerSettings(),
-            store=PgPlacerStore(database_url=database_url, application_name="test placer"),
-            role=RoleView(changes=roles, lease_inbox=lease_send),
-            ledger=ledger_send,
-            dispatcher=dispatch_send,
-        )
+    async with placer_with_ledger(database_url) as placer:
         try:
             await slow.execute("BEGIN")
             late, seq_late = await submit(slow, "late")
@@ -167,8 +139,6 @@ async def test_a_lower_pending_seq_committed_after_the_placers_full_read_is_plac
             assert await placed_job_ids(db) == {early, late}
         finally:
             await slow.close()
-            await placer.store.close()  # type: ignore[attr-defined]
-            nursery.cancel_scope.cancel()
 
 
 async def test_a_requeue_that_commits_after_a_later_submission_is_read_by_the_next_read(

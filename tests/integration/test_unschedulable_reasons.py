@@ -7,23 +7,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-import trio
 from seeding import insert_job
-from serving import HOLD_LEASE
+from serving import HOLD_LEASE, placer_with_ledger
 
 from actors import queries
 from actors.idempotency import registration_digest
-from actors.ledger import Ledger
-from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
-from actors.placer import Placer
-from actors.placer_store import PgPlacerStore
-from actors.role import RoleView
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.idempotency_keys import new_idempotency_key
-from runtime.settings.leader import (
-    LedgerSettings,
-    PlacerSettings,
-)
 
 
 @pytest.fixture
@@ -73,26 +63,7 @@ async def test_unschedulable_reasons_are_written_once_and_again_only_when_the_wo
     the next rounds leave their rows unwritten; a 16000 worker joining rewrites the reason."""
     await register(db, "w-1", 8000)
     large = [await insert_job(db, f"large-{n}", 20000, 10, 0, "sleep", 1000, None) for n in range(3)]
-    async with trio.open_nursery() as nursery:
-        ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
-        lease_send, _ = trio.open_memory_channel[LeaseInbox](8)
-        ledger = Ledger(
-            cp_id="cp-1",
-            database_url=database_url,
-            settings=LedgerSettings(),
-            inbox=ledger_recv,
-            lease_inbox=lease_send,
-        )
-        await nursery.start(ledger.run)
-        dispatch_send, _dispatched = trio.open_memory_channel[DispatcherInbox](100)
-        _, roles_recv = trio.open_memory_channel[RoleChange](8)
-        placer = Placer(
-            settings=PlacerSettings(),
-            store=PgPlacerStore(database_url=database_url, application_name="test placer"),
-            role=RoleView(changes=roles_recv, lease_inbox=lease_send),
-            ledger=ledger_send,
-            dispatcher=dispatch_send,
-        )
+    async with placer_with_ledger(database_url) as placer:
 
         async def round_() -> None:
             await db.execute("UPDATE workers SET last_heartbeat_at = now()")
@@ -111,5 +82,3 @@ async def test_unschedulable_reasons_are_written_once_and_again_only_when_the_wo
         after = await stored(db, large)
         assert {r for r, _ in after} == {"unschedulable: needs 20000 cpu_millis, largest worker has 16000"}
         assert all(x != y for (_, x), (_, y) in zip(first, after, strict=True))
-        await placer.store.close()  # type: ignore[attr-defined]
-        nursery.cancel_scope.cancel()

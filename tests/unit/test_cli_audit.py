@@ -110,7 +110,8 @@ def test_audit_sends_its_filters(calls: list[tuple[str, Any]]) -> None:
     [
         (
             ["--action", "delete"],
-            "error: action must be empty or one of submit, cancel, drain, cordon, uncordon, got 'delete'",
+            "error: action must be empty or one of submit, cancel, drain, cordon, uncordon, account_set, "
+            "got 'delete'",
         ),
         (["--since-s", "-1"], "error: since_s must be a finite number of seconds >= 0, got -1.0"),
         (

@@ -29,6 +29,7 @@ from actors.messages import (
 from actors.pending_queue import PendingJob
 from actors.placer import Placer
 from actors.placer_store import LiveWorker, PendingMark, WaitingJob
+from actors.quotas import AccountQuota
 from actors.role import RoleView
 from actors.rooms import WorkerRoom
 from runtime import faults
@@ -41,6 +42,7 @@ from runtime.settings.leader import PlacerSettings
 class FakeStore:
     workers: list[LiveWorker]
     jobs: list[WaitingJob]
+    quotas: dict[str, AccountQuota] = attrs.field(factory=dict)
 
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
         return self.workers

@@ -23,6 +23,7 @@ from actors.messages import (
 from actors.pending_queue import PendingJob
 from actors.placer import Placer
 from actors.placer_store import LiveWorker, PendingMark, WaitingJob
+from actors.quotas import AccountQuota
 from actors.role import RoleView
 from actors.rooms import WorkerRoom
 from actors.write_size import WriteSize
@@ -54,6 +55,7 @@ class FakeStore:
     gone: set[int] = attrs.field(factory=set)
     unconfirmed: int = 0
     confirmed: int = 0
+    quotas: dict[str, AccountQuota] = attrs.field(factory=dict)
 
     def commit(self, xid: int) -> None:
         """The running transaction ``xid`` commits: its job becomes visible."""

@@ -4,6 +4,7 @@
 # This file has been @generated
 
 __all__ = (
+    "AccountInfo",
     "AssignReply",
     "AssignRequest",
     "Assignment",
@@ -21,6 +22,7 @@ __all__ = (
     "ControlPlaneStub",
     "CordonWorkerRequest",
     "DrainWorkerRequest",
+    "GetAccountRequest",
     "GetJobEventsReply",
     "GetJobEventsRequest",
     "GetJobRequest",
@@ -34,6 +36,8 @@ __all__ = (
     "JobSpec",
     "LeaveWorkerReply",
     "LeaveWorkerRequest",
+    "ListAccountsReply",
+    "ListAccountsRequest",
     "ListAuditReply",
     "ListAuditRequest",
     "ListJobsReply",
@@ -44,6 +48,7 @@ __all__ = (
     "Refusal",
     "RegisterWorkerReply",
     "RegisterWorkerRequest",
+    "SetAccountRequest",
     "SleepRuntime",
     "StatusReply",
     "StatusRequest",
@@ -75,6 +80,41 @@ if TYPE_CHECKING:
 
 _COMPILER_VERSION = "0.10.1"
 betterproto2.check_compiler_version(_COMPILER_VERSION)
+
+
+@dataclass(eq=False, repr=False)
+class AccountInfo(betterproto2.Message):
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    has_cpu_millis: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
+    """
+    Its caps (has_*: false, no cap) and weight.
+    """
+
+    cpu_millis: "int" = betterproto2.field(3, betterproto2.TYPE_INT64)
+
+    has_memory_mb: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
+
+    memory_mb: "int" = betterproto2.field(5, betterproto2.TYPE_INT64)
+
+    has_max_pending: "bool" = betterproto2.field(6, betterproto2.TYPE_BOOL)
+
+    max_pending: "int" = betterproto2.field(7, betterproto2.TYPE_INT64)
+
+    weight: "float" = betterproto2.field(8, betterproto2.TYPE_DOUBLE)
+
+    used_cpu_millis: "int" = betterproto2.field(9, betterproto2.TYPE_INT64)
+    """
+    What it uses now: the cpu_millis and memory_mb of its assigned and running jobs, and how
+    many of its jobs are pending or waiting.
+    """
+
+    used_memory_mb: "int" = betterproto2.field(10, betterproto2.TYPE_INT64)
+
+    queued_jobs: "int" = betterproto2.field(11, betterproto2.TYPE_INT64)
+
+
+default_message_pool.register_message("stockade.v1", "AccountInfo", AccountInfo)
 
 
 @dataclass(eq=False, repr=False)
@@ -424,6 +464,14 @@ class DrainWorkerRequest(betterproto2.Message):
 
 
 default_message_pool.register_message("stockade.v1", "DrainWorkerRequest", DrainWorkerRequest)
+
+
+@dataclass(eq=False, repr=False)
+class GetAccountRequest(betterproto2.Message):
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("stockade.v1", "GetAccountRequest", GetAccountRequest)
 
 
 @dataclass(eq=False, repr=False)
@@ -936,6 +984,26 @@ default_message_pool.register_message("stockade.v1", "LeaveWorkerRequest", Leave
 
 
 @dataclass(eq=False, repr=False)
+class ListAccountsReply(betterproto2.Message):
+    accounts: "list[AccountInfo]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
+
+
+default_message_pool.register_message("stockade.v1", "ListAccountsReply", ListAccountsReply)
+
+
+@dataclass(eq=False, repr=False)
+class ListAccountsRequest(betterproto2.Message):
+    """
+    Every account with a row or with jobs queued or in use (a user: its own).
+    """
+
+    pass
+
+
+default_message_pool.register_message("stockade.v1", "ListAccountsRequest", ListAccountsRequest)
+
+
+@dataclass(eq=False, repr=False)
 class ListAuditReply(betterproto2.Message):
     entries: "list[AuditEntry]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
 
@@ -956,7 +1024,7 @@ class ListAuditRequest(betterproto2.Message):
 
     action: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
     """
-    Only this action: submit, cancel, drain, cordon, uncordon (empty: every action).
+    Only this action: submit, cancel, drain, cordon, uncordon, account_set (empty: every action).
     """
 
     has_since_s: "bool" = betterproto2.field(3, betterproto2.TYPE_BOOL)
@@ -1272,6 +1340,52 @@ class RegisterWorkerRequest(betterproto2.Message):
 
 
 default_message_pool.register_message("stockade.v1", "RegisterWorkerRequest", RegisterWorkerRequest)
+
+
+@dataclass(eq=False, repr=False)
+class SetAccountRequest(betterproto2.Message):
+    """
+    An account's quotas and fair-share weight (docs/quotas.md). SetAccount: an operator sets
+    them; a field not given keeps its stored value (an account with no row: no cap, weight 1).
+    """
+
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    The account, by the id rules (1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit).
+    """
+
+    has_cpu_millis: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
+    """
+    Caps on the cpu_millis and memory_mb its assigned and running jobs hold, and on its
+    pending and waiting jobs: 0 to the limit of runtime/accounts.py (has_*: given).
+    """
+
+    cpu_millis: "int" = betterproto2.field(3, betterproto2.TYPE_INT64)
+
+    has_memory_mb: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
+
+    memory_mb: "int" = betterproto2.field(5, betterproto2.TYPE_INT64)
+
+    has_max_pending: "bool" = betterproto2.field(6, betterproto2.TYPE_BOOL)
+
+    max_pending: "int" = betterproto2.field(7, betterproto2.TYPE_INT64)
+
+    has_weight: "bool" = betterproto2.field(8, betterproto2.TYPE_BOOL)
+    """
+    Its fair-share weight: finite, > 0 (has_weight: given).
+    """
+
+    weight: "float" = betterproto2.field(9, betterproto2.TYPE_DOUBLE)
+
+    clear: "list[str]" = betterproto2.field(10, betterproto2.TYPE_STRING, repeated=True)
+    """
+    Caps to remove (no cap): any of cpu_millis, memory_mb, max_pending, none of them given.
+    """
+
+    idempotency_key: "str" = betterproto2.field(11, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("stockade.v1", "SetAccountRequest", SetAccountRequest)
 
 
 @dataclass(eq=False, repr=False)
@@ -1777,6 +1891,63 @@ class ControlPlaneStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def set_account(
+        self,
+        message: "SetAccountRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "AccountInfo":
+
+        return await self._unary_unary(
+            "/stockade.v1.ControlPlane/SetAccount",
+            message,
+            AccountInfo,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def get_account(
+        self,
+        message: "GetAccountRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "AccountInfo":
+
+        return await self._unary_unary(
+            "/stockade.v1.ControlPlane/GetAccount",
+            message,
+            AccountInfo,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def list_accounts(
+        self,
+        message: "ListAccountsRequest | None" = None,
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ListAccountsReply":
+
+        if message is None:
+            message = ListAccountsRequest()
+
+        return await self._unary_unary(
+            "/stockade.v1.ControlPlane/ListAccounts",
+            message,
+            ListAccountsReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class WorkerStub(betterproto2_grpclib.ServiceStub):
     async def assign(
@@ -1897,6 +2068,18 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def set_account(self, message: "SetAccountRequest") -> "AccountInfo":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def get_account(self, message: "GetAccountRequest") -> "AccountInfo":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def list_accounts(self, message: "ListAccountsRequest") -> "ListAccountsReply":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_read_job_logs(
         self, stream: "grpclib.server.Stream[ReadJobLogsRequest, LogChunk]"
     ) -> None:
@@ -2014,6 +2197,30 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
         response = await self.list_audit(request)
         await stream.send_message(response)
 
+    async def __rpc_set_account(
+        self, stream: "grpclib.server.Stream[SetAccountRequest, AccountInfo]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.set_account(request)
+        await stream.send_message(response)
+
+    async def __rpc_get_account(
+        self, stream: "grpclib.server.Stream[GetAccountRequest, AccountInfo]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.get_account(request)
+        await stream.send_message(response)
+
+    async def __rpc_list_accounts(
+        self, stream: "grpclib.server.Stream[ListAccountsRequest, ListAccountsReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.list_accounts(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/stockade.v1.ControlPlane/ReadJobLogs": grpclib.const.Handler(
@@ -2105,6 +2312,24 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 ListAuditRequest,
                 ListAuditReply,
+            ),
+            "/stockade.v1.ControlPlane/SetAccount": grpclib.const.Handler(
+                self.__rpc_set_account,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                SetAccountRequest,
+                AccountInfo,
+            ),
+            "/stockade.v1.ControlPlane/GetAccount": grpclib.const.Handler(
+                self.__rpc_get_account,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetAccountRequest,
+                AccountInfo,
+            ),
+            "/stockade.v1.ControlPlane/ListAccounts": grpclib.const.Handler(
+                self.__rpc_list_accounts,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ListAccountsRequest,
+                ListAccountsReply,
             ),
         }
 

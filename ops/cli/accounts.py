@@ -1,0 +1,104 @@
+"""``stockade account``: each account's quotas and fair-share weight, set by an operator and
+read with what the account uses now, through the Python client (docs/quotas.md). Only light
+modules are imported at the top.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from ops.cli.base import StockadeGroup, app
+from ops.cli.common import ControlPlanesOption, JsonOption, control_plane_addresses, errors, with_client
+
+account_app = typer.Typer(
+    cls=StockadeGroup,
+    help="Accounts' quotas (cpu_millis, memory_mb, max pending jobs) and fair-share weights.",
+    no_args_is_help=True,
+)
+app.add_typer(account_app, name="account")
+
+
+@account_app.command("set")
+def set_account(
+    name: Annotated[str, typer.Argument(help="The account (a user's id).")],
+    cpu_millis: Annotated[
+        int | None,
+        typer.Option(help="Cap on the cpu_millis its assigned and running jobs hold.", show_default=False),
+    ] = None,
+    memory_mb: Annotated[
+        int | None,
+        typer.Option(help="Cap on the memory_mb its assigned and running jobs hold.", show_default=False),
+    ] = None,
+    max_pending: Annotated[
+        int | None,
+        typer.Option(
+            help="Cap on its pending and waiting jobs; a submission past it is refused.", show_default=False
+        ),
+    ] = None,
+    weight: Annotated[
+        float | None, typer.Option(help="Its fair-share weight (> 0; 1 unless set).", show_default=False)
+    ] = None,
+    clear_cpu_millis: Annotated[bool, typer.Option(help="Remove the cpu_millis cap.")] = False,
+    clear_memory_mb: Annotated[bool, typer.Option(help="Remove the memory_mb cap.")] = False,
+    clear_max_pending: Annotated[bool, typer.Option(help="Remove the max_pending cap.")] = False,
+    as_json: JsonOption = False,
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """Set an account's caps and weight (operators only); what is not given keeps its value.
+
+    A cap of 0 lets nothing of it be used (or queued); --clear-* removes a cap. The change is
+    written to the audit trail (action account_set).
+    """
+    clears = {"cpu_millis": clear_cpu_millis, "memory_mb": clear_memory_mb, "max_pending": clear_max_pending}
+    with errors():
+        # The client checks the change (runtime.accounts.AccountChange) before it sends.
+        account = with_client(
+            control_plane_addresses(control_planes),
+            lambda client: client.set_account(
+                name,
+                cpu_millis=cpu_millis,
+                memory_mb=memory_mb,
+                max_pending=max_pending,
+                weight=weight,
+                clear=[cap for cap, on in clears.items() if on],
+            ),
+        )
+    _show([account], as_json=as_json, one=True)
+
+
+@account_app.command("show")
+def show_account(
+    name: Annotated[str, typer.Argument(help="The account.")],
+    as_json: JsonOption = False,
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """Show an account's caps, weight and what it uses now (one never set: no caps, weight 1)."""
+    with errors():
+        from runtime.identifiers import check_id
+
+        check_id(name, field="name")
+        account = with_client(control_plane_addresses(control_planes), lambda client: client.account(name))
+    _show([account], as_json=as_json, one=True)
+
+
+@account_app.command("list")
+def list_accounts(as_json: JsonOption = False, control_planes: ControlPlanesOption = None) -> None:
+    """List every account with caps set or with jobs queued or in use (a user: its own), each
+    cap beside what the account uses now. --json prints {"accounts": [...]}."""
+    with errors():
+        accounts = with_client(control_plane_addresses(control_planes), lambda client: client.accounts())
+    _show(list(accounts), as_json=as_json, one=False)
+
+
+def _show(accounts: list, *, as_json: bool, one: bool) -> None:  # type: ignore[type-arg]
+    from ops.cli.render import account_json, print_accounts
+
+    if as_json:
+        shown = account_json(accounts[0]) if one else {"accounts": [account_json(a) for a in accounts]}
+        sys.stdout.write(json.dumps(shown, indent=2) + "\n")
+        return
+    print_accounts(accounts)
