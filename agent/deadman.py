@@ -37,6 +37,7 @@ KILL_SIGNAL = signal.SIGUSR1
 """The agent's "kill the job now" (a stop past its grace, a cancel while paused), and the
 parent-death signal of a supervisor that dies with its agent."""
 PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
 EXIT_CANNOT_START = 127
 EXIT_AGENT_GONE = 125
 

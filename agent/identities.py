@@ -293,7 +293,8 @@ class JobIdentities:
         """At the agent's start (blocking): remove what uids of the pool no job holds left
         (an earlier agent process may have died before cleaning up): their processes, files in
         the temp folders, IPC objects; give the job folders in ``jobs_dir`` they own back to
-        the agent. Uids whose processes outlive SIGKILL are quarantined; returns them."""
+        the agent. Uids whose processes outlive SIGKILL, or whose files cannot be removed, are
+        quarantined; returns them."""
         idle = set(range(self.pool.first_uid, self.pool.last_uid + 1)) - self.pool.held
         left: set[int] = set()
         if uid_cleanup.kill_processes(idle):
@@ -311,6 +312,10 @@ class JobIdentities:
         for folder in folders:
             with contextlib.suppress(OSError):
                 uid_cleanup.give_back(folder, *self.owner)
-        uid_cleanup.remove_temp_files(clean, owner=self.owner)
+        for path in uid_cleanup.remove_temp_files(clean, owner=self.owner):
+            with contextlib.suppress(OSError):
+                if (uid := os.lstat(path).st_uid) in clean:
+                    self.pool.quarantine(uid)
+                    left.add(uid)
         uid_cleanup.remove_ipc(clean)
         return sorted(left)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import os
 
-from agent.deadman import EXIT_AGENT_GONE, EXIT_CANNOT_START, PR_SET_PDEATHSIG
+from agent.deadman import EXIT_AGENT_GONE, EXIT_CANNOT_START, PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG
 
 try:
     import _signal as signal  # ``signal`` without the enum wrappers: ~4 ms less start cost
@@ -125,8 +125,10 @@ def start_job(
     The privilege drop happens in the child, after ``chdir`` into a relative ``cwd`` and before
     the exec: ``setgroups([])``, ``setgid``, ``setuid``; an absolute ``cwd`` (the job's
     ``workdir``) is entered after it, with the job user's rights. The parent-death signal is set
-    after it (a change of credentials clears it). Any failure there keeps the job from
-    starting. The job gets ``env`` (None: this process's environment). Returns its process id.
+    after it (a change of credentials clears it), and with ``run_as`` no_new_privs (exec gains
+    no rights: setuid and setgid files and file capabilities do nothing). Any failure there
+    keeps the job from starting. The job gets ``env`` (None: this process's environment).
+    Returns its process id.
 
     Raises:
         CannotConfine: a cgroup could not be joined, or the rlimit set.
@@ -190,6 +192,10 @@ def start_job(
                         os._exit(EXIT_CANNOT_START)
             if libc is not None:
                 libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # type: ignore[attr-defined]
+                # A job of a user of its own gains no rights by exec: a setuid or setgid file
+                # (one a job of the same uid left earlier) or file capabilities do nothing.
+                if run_as is not None and libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:  # type: ignore[attr-defined]
+                    os._exit(EXIT_CANNOT_START)
             if os.getppid() != reaper_pid:
                 os._exit(EXIT_AGENT_GONE)
             if nice:

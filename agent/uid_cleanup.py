@@ -8,15 +8,15 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import shutil
 import signal
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
-TEMP_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
-"""The folders every user may write in, where a job's files outlive it."""
+TEMP_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
+"""The folders every user may write in by default, where a job's files (POSIX message queues
+in /dev/mqueue) outlive it; one that does not exist is passed over."""
 KILL_WAIT_S = 5.0
 """How long :func:`kill_processes` waits for a uid's processes to be gone, in seconds."""
 _IPC_RMID = 0
@@ -81,6 +81,34 @@ def kill_processes(uids: Iterable[int], *, wait_s: float = KILL_WAIT_S) -> list[
         time.sleep(0.01)
 
 
+def _entries(folder: str) -> list[tuple[str, os.stat_result]]:
+    """The entries of ``folder`` with their ``lstat`` (none when it cannot be read)."""
+    try:
+        with os.scandir(folder) as scan:
+            listed = list(scan)
+    except OSError:
+        return []
+    found = []
+    for entry in listed:
+        with contextlib.suppress(OSError):
+            found.append((entry.path, entry.stat(follow_symlinks=False)))
+    return found
+
+
+def _tree(top: str) -> list[tuple[str, os.stat_result]]:
+    """Everything under the folder ``top`` (not ``top``), each folder before what it holds,
+    never following a symlink. Iterative: a job's tree of any depth costs no recursion (a
+    path past PATH_MAX cannot be read and is left out; its remover then fails and says so)."""
+    found: list[tuple[str, os.stat_result]] = []
+    stack = [top]
+    while stack:
+        for path, info in _entries(stack.pop()):
+            found.append((path, info))
+            if stat.S_ISDIR(info.st_mode):
+                stack.append(path)
+    return found
+
+
 def give_back(folder: Path, uid: int, gid: int) -> None:
     """``chown -R`` ``folder`` to ``uid``:``gid`` without following symlinks (a link the job
     left is changed itself, never what it names); a missing folder is fine.
@@ -93,9 +121,23 @@ def give_back(folder: Path, uid: int, gid: int) -> None:
     os.chown(folder, uid, gid, follow_symlinks=False)
     if folder.is_symlink() or not folder.is_dir():
         return
-    for root, dirs, files in os.walk(folder, followlinks=False):
-        for name in (*dirs, *files):
-            os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+    for path, info in _tree(str(folder)):
+        if (info.st_uid, info.st_gid) != (uid, gid):
+            os.chown(path, uid, gid, follow_symlinks=False)
+
+
+def _remove_tree(top: str) -> None:
+    """``rm -rf`` of the folder ``top``, without recursion (deepest first) or following links.
+
+    Raises:
+        OSError: something could not be removed.
+    """
+    for path, info in reversed(_tree(top)):
+        if stat.S_ISDIR(info.st_mode):
+            os.rmdir(path)
+        else:
+            os.unlink(path)
+    os.rmdir(top)
 
 
 def _reachable(info: os.stat_result, uids: set[int]) -> bool:
@@ -109,22 +151,18 @@ def _reachable(info: os.stat_result, uids: set[int]) -> bool:
     return bool(mode & stat.S_IXOTH)
 
 
-def _owned_under(root: str, uids: set[int]) -> Iterator[str]:
+def _owned_under(root: str, uids: set[int]) -> list[str]:
     """What under ``root`` belongs to one of ``uids`` (a folder of theirs once, not what is in
-    it), descending only into folders such a job could search."""
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            info = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if info.st_uid in uids:
-            yield entry.path
-        elif stat.S_ISDIR(info.st_mode) and _reachable(info, uids):
-            yield from _owned_under(entry.path, uids)
+    it), descending only into folders such a job could search; iterative, as :func:`_tree`."""
+    owned = []
+    stack = [root]
+    while stack:
+        for path, info in _entries(stack.pop()):
+            if info.st_uid in uids:
+                owned.append(path)
+            elif stat.S_ISDIR(info.st_mode) and _reachable(info, uids):
+                stack.append(path)
+    return owned
 
 
 def remove_temp_files(
@@ -137,12 +175,12 @@ def remove_temp_files(
     wanted = set(uids)
     failed = []
     for folder in folders:
-        for path in list(_owned_under(folder, wanted)):
+        for path in _owned_under(folder, wanted):
             try:
                 if os.path.dirname(path) != folder:
                     give_back(Path(path), *owner)
                 elif os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path)
+                    _remove_tree(path)
                 else:
                     os.unlink(path)
             except FileNotFoundError:
@@ -189,7 +227,14 @@ def clean_uids(
     their files in the temp folders and their IPC objects; ``folders`` (their jobs' work
     folders) are given to ``owner`` (uid, gid: the agent's). Returns what could not be
     cleaned, one line each (empty: nothing of ``uids`` is left, they may be given out)."""
-    uids = set(uids)
+    try:
+        return _clean(set(uids), folders, owner=owner, wait_s=wait_s)
+    except Exception as exc:  # a bug or an odd file system: the uid is kept out, the agent lives
+        return [f"clean-up failed: {exc!r}"]
+
+
+def _clean(uids: set[int], folders: Iterable[Path], *, owner: tuple[int, int], wait_s: float) -> list[str]:
+    """:func:`clean_uids`, raising what it did not foresee."""
     problems = []
     left = kill_processes(uids, wait_s=wait_s)
     if left:

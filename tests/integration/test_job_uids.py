@@ -236,6 +236,76 @@ async def test_a_uid_comes_back_only_without_what_its_job_left(tmp_path: Path) -
         assert uid not in ids.pool.held and uid not in ids.pool.quarantined
 
 
+async def test_a_setuid_file_a_job_left_gives_a_later_job_nothing(tmp_path: Path) -> None:
+    """Job A leaves a setuid and setgid copy of ``id`` where every job may reach it (a folder
+    the clean-up does not search, as /run/lock is); job B of another uid runs it: with
+    no_new_privs set on every job, the copy runs with B's ids, not A's."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    for folder in (tmp_path, *tmp_path.parents):
+        folder.chmod(folder.stat().st_mode | 0o011)
+    async with _identities(tmp_path) as ids:
+        a_as, b_as = ids.run_as(), ids.run_as()
+        assert a_as is not None and b_as is not None
+        planted = shared / "id"
+        a = await run_job(
+            CommandRuntime(argv=("sh", "-c", f"cp /usr/bin/id {planted} && chmod 6755 {planted}")),
+            job_dir=tmp_path / "jobs" / "5-50",
+            stop=trio.Event(),
+            stop_grace_s=1.0,
+            run_as=a_as,
+        )
+        assert a.state is JobState.SUCCEEDED, (tmp_path / "jobs" / "5-50" / "stderr.log").read_text()
+        assert os.stat(planted).st_mode & 0o6000 == 0o6000
+        b = await run_job(
+            CommandRuntime(
+                argv=("sh", "-c", f"{planted} -u; {planted} -g; grep NoNewPrivs /proc/self/status")
+            ),
+            job_dir=tmp_path / "jobs" / "6-60",
+            stop=trio.Event(),
+            stop_grace_s=1.0,
+            run_as=b_as,
+        )
+        assert b.state is JobState.SUCCEEDED, (tmp_path / "jobs" / "6-60" / "stderr.log").read_text()
+        out = (tmp_path / "jobs" / "6-60" / "stdout.log").read_text().split()
+        assert out == [str(b_as.uid), str(b_as.gid), "NoNewPrivs:", "1"]
+
+
+async def test_a_tree_deeper_than_pythons_recursion_is_cleaned_up(tmp_path: Path) -> None:
+    """A job leaves a folder 1,500 levels deep in /tmp and another in its work folder: its
+    uid's clean-up removes the first and gives the second back to the agent, whole, and the
+    uid is given out again (no recursion: the walks are iterative)."""
+    async with _identities(tmp_path) as ids:
+        run_as = ids.run_as()
+        assert run_as is not None
+        top = f"/tmp/stockade-test-deep-{os.getpid()}-{run_as.uid}"
+        script = textwrap.dedent(f"""
+            import os
+            for start in ({top!r}, "deep"):
+                os.mkdir(start); os.chdir(start)
+                for _ in range(1500):
+                    os.mkdir("a"); os.chdir("a")
+                open("leaf", "w").write("x")
+                os.chdir(os.environ["HOME"])
+        """)
+        job_dir = tmp_path / "jobs" / "7-70"
+        result = await run_job(
+            CommandRuntime(argv=(sys.executable, "-I", "-c", script)),
+            job_dir=job_dir,
+            stop=trio.Event(),
+            stop_grace_s=1.0,
+            run_as=run_as,
+        )
+        assert result.state is JobState.SUCCEEDED, (job_dir / "stderr.log").read_text()
+        assert await ids.release(run_as.uid, job_dir)
+        assert top not in {path for path, _ in uid_cleanup._entries("/tmp")}
+        owners = {info.st_uid for _, info in uid_cleanup._tree(str(job_dir / "work" / "deep"))}
+        assert owners == {0}
+        assert run_as.uid not in ids.pool.quarantined
+        uid_cleanup._remove_tree(str(job_dir / "work" / "deep"))  # too deep for the test's own walks
+
+
 async def test_a_restarted_agent_keeps_each_running_jobs_uid(tmp_path: Path) -> None:
     """A root agent runs two jobs as two uids of the block it recorded in its work folder, each
     uid in the job's record; killed and started again, the agent claims the same block, keeps
