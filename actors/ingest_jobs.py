@@ -121,7 +121,7 @@ class JobHandlers(AdmittedService):
             done = await self._store_jobs(
                 "submit_job",
                 queries.SUBMIT_JOB,
-                (*attrs.astuple(queries.job_columns(job)), rpc_caller().account),
+                (*attrs.astuple(queries.job_columns(job)), rpc_caller().account, rpc_caller().scope),
                 key=key,
                 digest=digest,
                 arguments={"name": job.name},
@@ -164,7 +164,7 @@ class JobHandlers(AdmittedService):
     ) -> InvalidArgument:
         """The error of a submission that stored nothing because of ``after``, naming the jobs
         that do not exist."""
-        missing = [int(i) for i in await conn.fetchval(queries.MISSING_JOBS, list(after))]
+        missing = [int(i) for i in await conn.fetchval(queries.MISSING_JOBS, list(after), rpc_caller().scope)]
         return InvalidArgument(
             field, list(after), dependencies.MISSING_RULE, detail=dependencies.missing_detail(missing)
         )
@@ -203,14 +203,16 @@ class JobHandlers(AdmittedService):
 
             async def first_missing(conn: PgConnection) -> InvalidArgument:
                 named = sorted({i for j in jobs for i in j.after})
-                missing = {int(i) for i in await conn.fetchval(queries.MISSING_JOBS, named)}
+                missing = {
+                    int(i) for i in await conn.fetchval(queries.MISSING_JOBS, named, rpc_caller().scope)
+                }
                 index = next((n for n, j in enumerate(jobs) if missing & set(j.after)), 0)
                 return await self._missing_dependencies(conn, f"specs[{index}].after", jobs[index].after)
 
             done = await self._store_jobs(
                 "submit_jobs",
                 queries.SUBMIT_JOBS,
-                (*queries.job_column_arrays(jobs), rpc_caller().account),
+                (*queries.job_column_arrays(jobs), rpc_caller().account, rpc_caller().scope),
                 key=key,
                 digest=digest,
                 arguments={"jobs": len(jobs)},

@@ -36,6 +36,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -448,7 +449,8 @@ def pytest_configure(config: pytest.Config) -> None:
             and not _alive(int(folder.name.split("-")[2]))
         ]
         for folder in sorted(ended, key=lambda f: f.stat().st_mtime)[:-KEPT_SESSION_FOLDERS]:
-            shutil.rmtree(folder, ignore_errors=True)
+            # rm, not shutil.rmtree: a test's tree may be deeper than Python's recursion
+            subprocess.run(["rm", "-rf", "--one-file-system", str(folder)], check=False)
         config.option.basetemp = tempfile.mkdtemp(prefix=f"stockade-pytest-{os.getpid()}-")
 
     settings.register_profile("fast", max_examples=properties.FAST_EXAMPLES)

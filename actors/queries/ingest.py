@@ -73,8 +73,10 @@ SELECT prior.rpc IS NOT NULL AS replayed, prior.rpc, prior.request_sha256,
 # $1 name, $2 cpu_millis, $3 memory_mb, $4 priority, $5 runtime, $6 sleep_ms, $7 argv, $8 image,
 # $9 max_attempts, $10 retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON),
 # $14 env (JSON), $15 workdir, $16 after_ids, $17 an array's first index (NULL: one job), $18 its
-# last index, $19 its limit (0: none), $20 its owner (the caller's account); then the audit's, the
-# idempotency key and the request's sha256 (see once). One job, or one row per task of an array:
+# last index, $19 its limit (0: none), $20 its owner (the caller's account), $21 the one account
+# whose jobs it may name in after_ids (NULL: any; a user's own: another account's job is as no
+# job, so a dependency tells nothing of it); then the audit's, the idempotency key and the
+# request's sha256 (see once). One job, or one row per task of an array:
 # the first task's id is drawn first and is the array's id (array_id of every task). Its
 # dependencies are read in the statement's snapshot (schema.sql, dependency_states); it stores
 # nothing when one does not exist (its answer is then empty and no key is kept: the caller names
@@ -88,11 +90,12 @@ SUBMIT_JOB = once(
     """
 SELECT min(id) AS id, count(*) AS tasks FROM inserted HAVING count(*) > 0
 """,
-    params=20,
+    params=21,
     action="submit",
     steps="""deps AS (
-    SELECT (SELECT count(*) FROM jobs d WHERE d.id = ANY($16::bigint[])) = cardinality($16::bigint[])
-               AS all_exist,
+    SELECT (SELECT count(*) FROM jobs d WHERE d.id = ANY($16::bigint[])
+                                          AND ($21::text IS NULL OR d.owner = $21::text))
+               = cardinality($16::bigint[]) AS all_exist,
            coalesce((SELECT array_agg(s.dep ORDER BY s.dep) FROM dependency_states($16::bigint[]) s
                       WHERE s.state <> 'succeeded'), '{}') AS unfinished
 ),
@@ -135,11 +138,12 @@ inserted AS (
 # $1 names, $2 cpu_millis, $3 memory_mb, $4 priorities, $5 runtimes, $6 sleep_ms, $7 argv as
 # JSON arrays (NULL for sleep jobs), $8 images (NULL but for container jobs), $9 max_attempts,
 # $10 retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON), $14 env (JSON),
-# $15 workdir, $16 after_ids (JSON arrays), $17 their owner (the caller's account); then the
-# audit's, the idempotency key and the request's sha256 (see once). One statement: all jobs or none; none
-# when a job names a dependency that does not exist (already: a job of the batch cannot name
-# another). A job waits as SUBMIT_JOB's (a batch holds no array). Answer rows: id, one per job,
-# drawn in order. Refused whole over the owner's max_pending, as SUBMIT_JOB.
+# $15 workdir, $16 after_ids (JSON arrays), $17 their owner (the caller's account), $18 the one
+# account whose jobs they may name (as SUBMIT_JOB's $21); then the audit's, the idempotency key
+# and the request's sha256 (see once). One statement: all jobs or none; none when a job names a
+# dependency that does not exist (already: a job of the batch cannot name another). A job waits
+# as SUBMIT_JOB's (a batch holds no array). Answer rows: id, one per job, drawn in order.
+# Refused whole over the owner's max_pending, as SUBMIT_JOB.
 SUBMIT_JOBS = once(
     "submit_jobs",
     """
@@ -160,7 +164,7 @@ SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
  ORDER BY t.n
 RETURNING id
 """,
-    params=17,
+    params=18,
     action="submit",
     steps="""batch AS (
     SELECT t.*, ARRAY(SELECT jsonb_array_elements_text(t.after_ids::jsonb)::bigint) AS after
@@ -172,7 +176,9 @@ RETURNING id
                                 after_ids, n)
 ),
 deps AS (
-    SELECT b.n, (SELECT count(*) FROM jobs d WHERE d.id = ANY(b.after)) = cardinality(b.after) AS all_exist,
+    SELECT b.n, (SELECT count(*) FROM jobs d WHERE d.id = ANY(b.after)
+                                       AND ($18::text IS NULL OR d.owner = $18::text))
+                = cardinality(b.after) AS all_exist,
            coalesce((SELECT array_agg(s.dep ORDER BY s.dep) FROM dependency_states(b.after) s
                       WHERE s.state <> 'succeeded'), '{}') AS unfinished
       FROM batch b
@@ -203,10 +209,11 @@ RETURNING name AS id, cpu_millis, memory_mb, max_pending, weight
     action="account_set",
 )
 
-# $1 job ids. Those that do not exist, by id (a submission naming them stored nothing).
+# $1 job ids, $2 the one account whose jobs count (NULL: any). Those that do not exist, or are
+# another account's, by id (a submission naming them stored nothing).
 MISSING_JOBS = """
 SELECT coalesce(array_agg(i ORDER BY i), '{}') FROM unnest($1::bigint[]) AS i
- WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE id = i)
+ WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE id = i AND ($2::text IS NULL OR owner = $2::text))
 """
 
 # $1 job id, $2 only this job (not the array it is the id of), $3 the only owner whose jobs it

@@ -16,7 +16,7 @@ from serving import mtls_control_plane, serve_ingests
 from ops import certs as certs_module
 from protocol import pb
 from runtime.aio import GrpcChannel, PgConnection, StreamLimits, asyncio_bridge, asyncio_bridge_open
-from runtime.errors import IdempotencyConflict, NotFound, PermissionDenied
+from runtime.errors import IdempotencyConflict, InvalidArgument, NotFound, PermissionDenied
 from runtime.idempotency_keys import with_idempotency_key
 from runtime.settings.control_plane import IngestSettings
 from runtime.tls import ClientTls, TlsFiles
@@ -117,6 +117,37 @@ async def test_a_user_cannot_see_read_the_logs_of_or_cancel_another_accounts_job
         assert (info.owner, info.state) == ("bob", "pending")
     assert await fetch(database_url, "SELECT state FROM jobs WHERE id = $1", bobs) == [("pending",)]
     assert [row[4] for row in await fetch(database_url, AUDIT_ROWS)] == ["submit", "submit"]
+
+
+async def test_a_user_cannot_name_another_accounts_job_as_a_dependency(
+    database_url: str, certs: Path
+) -> None:
+    """alice naming bob's job in after (one job, or in a batch) is refused as naming a job that
+    does not exist, in the same words, so a dependency tells her nothing of it; nothing is stored.
+    Her own job she may name; an operator may name anyone's."""
+    async with mtls_control_plane(database_url, certs) as address:
+        bobs = await submit(address, certs, "bob")
+        alices = await submit(address, certs, "alice")
+        unknown = bobs + 1000
+        refusals = []
+        for after in (bobs, unknown):
+            request = sleep_job()
+            request.spec.after = [after]
+            with pytest.raises(InvalidArgument) as refused:
+                await submit(address, certs, "alice", request)
+            refusals.append(str(refused.value).replace(str(after), "N"))
+            batch = with_idempotency_key(pb.SubmitJobsRequest(specs=[request.spec]))
+            with pytest.raises(InvalidArgument):
+                await call(address, certs, "alice", "submit_jobs", batch)
+        assert refusals[0] == refusals[1]
+        own = sleep_job()
+        own.spec.after = [alices]
+        await submit(address, certs, "alice", own)
+        anyones = sleep_job()
+        anyones.spec.after = [bobs]
+        await submit(address, certs, "operator", anyones)
+    owners = await fetch(database_url, "SELECT owner FROM jobs ORDER BY id")
+    assert [row[0] for row in owners] == ["bob", "alice", "alice", "operator"]
 
 
 async def test_another_accounts_idempotency_key_is_a_conflict_not_a_replay(
