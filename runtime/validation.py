@@ -129,14 +129,20 @@ AUDIT_ACTIONS = ("submit", "cancel", "drain", "cordon", "uncordon", "account_set
 """Every action the audit trail records (schema.sql, audit_log.action)."""
 
 
+MAX_AUDIT_SINCE_S = 1_000_000_000
+"""The longest look back of ``stockade audit --since-s``, seconds (about 31 years)."""
+
+
 def check_audit_query(action: str, since_s: float | None, limit: int) -> tuple[str, float | None, int]:
     """Check a ListAudit request (``stockade audit``; a limit of 0 means 100): InvalidArgument
-    for an unknown action, a ``since_s`` that is negative, infinite or NaN, or a limit outside
-    0..MAX_LIST_LIMIT."""
+    for an unknown action, a ``since_s`` outside 0..:data:`MAX_AUDIT_SINCE_S` (NaN too), or a
+    limit outside 0..MAX_LIST_LIMIT."""
     if action and action not in AUDIT_ACTIONS:
         raise InvalidArgument("action", action, f"must be empty or one of {', '.join(AUDIT_ACTIONS)}")
-    if since_s is not None and not 0 <= since_s < float("inf"):  # NaN compares false: refused too
-        raise InvalidArgument("since_s", since_s, "must be a finite number of seconds >= 0")
+    if since_s is not None and not 0 <= since_s <= MAX_AUDIT_SINCE_S:  # NaN compares false: refused
+        raise InvalidArgument(
+            "since_s", since_s, f"must be a number of seconds from 0 to {MAX_AUDIT_SINCE_S}"
+        )
     if not 0 <= limit <= MAX_LIST_LIMIT:
         raise InvalidArgument("limit", limit, f"must be between 0 and {MAX_LIST_LIMIT}")
     return action, since_s, limit or 100

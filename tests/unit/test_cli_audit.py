@@ -113,7 +113,11 @@ def test_audit_sends_its_filters(calls: list[tuple[str, Any]]) -> None:
             "error: action must be empty or one of submit, cancel, drain, cordon, uncordon, account_set, "
             "got 'delete'",
         ),
-        (["--since-s", "-1"], "error: since_s must be a finite number of seconds >= 0, got -1.0"),
+        (["--since-s", "-1"], "error: since_s must be a number of seconds from 0 to 1000000000, got -1.0"),
+        (
+            ["--since-s", "1e12"],
+            "error: since_s must be a number of seconds from 0 to 1000000000, got 1000000000000.0",
+        ),
         (
             ["--account", "al/ice"],
             "error: account must be 1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or digit, "
