@@ -19,14 +19,14 @@ import trio
 from agent import uid_cleanup
 from runtime.errors import PermanentError
 from runtime.os_users import RunAs
-from runtime.settings.agent import MAX_JOB_UID, AgentSettings
+from runtime.settings.agent import AGENT_BLOCKS_FIRST_UID, MAX_JOB_UID, AgentSettings
 
 UID_BLOCK_DIR = Path("/run/stockade/uid-blocks")
 """The machine-wide folder of the blocks' lock files: an agent holds an exclusive ``flock`` on
 each of its block's files for its life, so no two agents (or fleets' workers) share a uid."""
-BLOCK_BASE_UID = 2**30
+BLOCK_BASE_UID = AGENT_BLOCKS_FIRST_UID
 """The first uid of the first block an agent claims itself (far above any uid a system or a
-directory service hands out)."""
+directory service hands out; an operator's ``job_uids`` range ends below it)."""
 BLOCK_UIDS = 65_536
 """The uids of one lock file's block; an agent that needs more claims consecutive blocks."""
 BLOCK_COUNT = (MAX_JOB_UID + 1 - BLOCK_BASE_UID) // BLOCK_UIDS

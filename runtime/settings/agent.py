@@ -90,8 +90,12 @@ wants the shared mode."""
 MIN_JOB_UID = 1000
 """The lowest uid a ``job_uids`` range may hold: below it are the system's own accounts."""
 MAX_JOB_UID = 2**31 - 2
-"""The highest uid a ``job_uids`` range may hold: 2**31 - 1 and above are refused or mean
-"no user" (-1) to some tools and kernels' interfaces."""
+"""The highest uid a job may run as: 2**31 - 1 and above are refused or mean "no user" (-1) to
+some tools and kernels' interfaces."""
+AGENT_BLOCKS_FIRST_UID = 2**30
+"""From this uid up to :data:`MAX_JOB_UID`, agents claim blocks of uids themselves
+(:mod:`agent.identities`), each locked; an operator's ``job_uids`` range ends below it, so it
+never holds a uid another agent's jobs may run as."""
 
 
 def uid_range(value: object) -> tuple[int, int] | None:
@@ -99,8 +103,9 @@ def uid_range(value: object) -> tuple[int, int] | None:
     None/``""`` (none: the agent claims a block itself).
 
     Raises:
-        InvalidArgument: not ``START-END``, uid 0 or below :data:`MIN_JOB_UID`, above
-            :data:`MAX_JOB_UID`, or START above END; the message names the field and value.
+        InvalidArgument: not ``START-END``, uid 0 or below :data:`MIN_JOB_UID`,
+            :data:`AGENT_BLOCKS_FIRST_UID` or above, or START above END; the message names the
+            field and value.
     """
     if value is None or value == "":
         return None
@@ -117,8 +122,13 @@ def uid_range(value: object) -> tuple[int, int] | None:
         raise InvalidArgument("job_uids", value, "must not hold uid 0 (root)")
     if pair[0] < MIN_JOB_UID:
         raise InvalidArgument("job_uids", value, f"must start at uid {MIN_JOB_UID} or above")
-    if pair[1] > MAX_JOB_UID:
-        raise InvalidArgument("job_uids", value, f"must end at uid {MAX_JOB_UID} or below")
+    if pair[1] >= AGENT_BLOCKS_FIRST_UID:
+        raise InvalidArgument(
+            "job_uids",
+            value,
+            f"must end at uid {AGENT_BLOCKS_FIRST_UID - 1} or below (from {AGENT_BLOCKS_FIRST_UID} up, "
+            "agents claim uids themselves)",
+        )
     if pair[0] > pair[1]:
         raise InvalidArgument("job_uids", value, "must have START at most END")
     return pair

@@ -81,13 +81,14 @@ def test_a_pool_smaller_than_the_jobs_a_worker_can_run_is_refused(tmp_path: Path
         ("0-5000", "must not hold uid 0"),
         ("999-5000", "must start at uid 1000 or above"),
         ("5000-4999", "must have START at most END"),
-        (f"5000-{2**31 - 1}", f"must end at uid {2**31 - 2} or below"),
+        (f"5000-{2**30}", f"must end at uid {2**30 - 1} or below"),
         ("5000", "must be START-END"),
         ("a-b", "must be START-END"),
     ],
 )
 def test_a_bad_job_uids_range_is_refused(tmp_path: Path, value: str, rule: str) -> None:
-    """A job_uids range holding root, system uids, beyond 2**31-2, or upside down is refused,
+    """A job_uids range holding root, system uids, uids from 2**30 up (the agents' own blocks),
+    or upside down is refused,
     naming the field and the value."""
     with pytest.raises(InvalidArgument, match=f"job_uids {rule}.*got '{value}'"):
         agent_settings(tmp_path, job_uids=value)
