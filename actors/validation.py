@@ -44,6 +44,7 @@ from runtime.jobs import (
 )
 from runtime.settings import agent as agent_settings
 from runtime.validation import (
+    MAX_AUDIT_SINCE_S,
     MAX_BATCH_JOBS,
     MAX_DRAIN_DEADLINE_MS,
     MAX_DRAIN_DEADLINE_S,
@@ -274,6 +275,11 @@ LIMITS = (
         "ListJobs `limit` (`stockade list --limit`)",
         f"0 to {_n(MAX_LIST_LIMIT)} (0: 100)",
         ("MAX_LIST_LIMIT",),
+    ),
+    Limit(
+        "ListAudit `since_s` (`stockade audit --since-s`)",
+        f"0 to {_n(MAX_AUDIT_SINCE_S)} seconds (about 31 years)",
+        ("MAX_AUDIT_SINCE_S",),
     ),
     Limit(
         "ids and numbers: `job_id`, a worker's `incarnation` and `registration_seq`, an outcome's "
