@@ -340,7 +340,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 -- This file's version: the newest migration's (actors/migrations/).
-INSERT INTO schema_version (version) VALUES (6) ON CONFLICT (version) DO NOTHING;
+INSERT INTO schema_version (version) VALUES (7) ON CONFLICT (version) DO NOTHING;
 
 -- ================================================================ routines
 -- Everything below is functions, triggers and views, each CREATE OR REPLACE: applied with the
@@ -441,7 +441,9 @@ SELECT w.id, w.incarnation, w.last_heartbeat_at, w.hold_until, w.dead_after_ms
   FROM workers w
  WHERE w.state = 'alive'
     OR (w.state = 'left'
-        AND EXISTS (SELECT 1 FROM assignments a WHERE a.worker_id = w.id AND a.state = 'active'));
+        AND EXISTS (SELECT 1 FROM assignments a
+                     WHERE a.worker_id = w.id AND a.state = 'active'
+                       AND a.worker_incarnation <> w.incarnation));
 
 -- The workers the placer may place on (queries.LIVE_WORKERS, ROUND_READ): alive, heard within
 -- p_fresh_s and not held for a planned restart, with their allocation and their send window's

@@ -117,7 +117,9 @@ dead AS (
      WHERE w.id = c.id AND w.incarnation = c.incarnation
        AND (w.state = 'alive'
             OR (w.state = 'left'
-                AND EXISTS (SELECT 1 FROM assignments a WHERE a.worker_id = w.id AND a.state = 'active')))
+                AND EXISTS (SELECT 1 FROM assignments a
+                             WHERE a.worker_id = w.id AND a.state = 'active'
+                               AND a.worker_incarnation <> w.incarnation)))
        AND greatest(w.last_heartbeat_at, pg_postmaster_start_time(), to_timestamp($5::float8),
                     w.hold_until)
            < now() - make_interval(secs => greatest($2, coalesce(w.dead_after_ms, 0) / 1000.0,

@@ -185,6 +185,32 @@ async def test_a_leave_makes_the_row_left_and_the_leader_requeues_its_jobs_as_st
     assert (await cluster.worker("w-1"))["state"] == "left"
 
 
+async def test_a_left_worker_silent_before_its_jobs_are_requeued_is_never_declared_dead(
+    cluster: Cluster,
+) -> None:
+    """A worker leaves while its job's assignment is still active (the leader has not yet ended
+    it) and its last heartbeat is long past dead_after: the death judgment leaves the row left
+    (its own incarnation's assignments are the leader's to end as stopped), no death is logged,
+    and the assignment ends as worker_left. (Before, a stop slower than dead_after, as under
+    load, could meet the judgment first and turn a clean leave into a death.)"""
+    incarnation = await cluster.register("w-1")
+    job = await cluster.submit()
+    aid = await cluster.place(job, "w-1", incarnation)
+    await cluster.heartbeat("w-1", incarnation, aid)
+    assert (await cluster.leave("w-1", incarnation)).left
+    await cluster.admin.execute(
+        "UPDATE workers SET last_heartbeat_at = now() - interval '1 hour' WHERE id = 'w-1'"
+    )
+    declared = await cluster.admin.fetch(queries.DECLARE_DEAD_WORKERS, EPOCH, 0.001, ["w-1"], [incarnation], None)
+    assert declared == []
+    judged = await cluster.count("SELECT count(*) FROM judged_workers WHERE id = 'w-1'")
+    assert judged == 0
+    await run_leader_until(cluster, "SELECT count(*) = 0 FROM assignments WHERE state = 'active'")
+    assert await cluster.assignment(aid) == {"state": "stopped", "end_reason": "worker_left", "ended_epoch": EPOCH}
+    assert await cluster.count("SELECT count(*) FROM worker_deaths") == 0
+    assert (await cluster.worker("w-1"))["state"] == "left"
+
+
 async def test_a_leave_of_another_incarnation_or_agent_run_changes_nothing(cluster: Cluster) -> None:
     """A leave naming the right incarnation but another agent run (forged), and a leave of an
     earlier incarnation from the right run (late, after the agent registered again), are

@@ -1,0 +1,5 @@
+-- Version 7: a left row is judged by its silence only while it holds active assignments of
+-- another incarnation (judged_workers, and DECLARE_DEAD_WORKERS which writes the rule out): the
+-- incarnation that left stopped its own jobs, which the leader ends as stopped, so a leave that
+-- met a death judgment before the leader's pass is no longer turned into a death. Routines
+-- only: schema.sql's, applied with this migration.
