@@ -201,12 +201,18 @@ async def test_a_left_worker_silent_before_its_jobs_are_requeued_is_never_declar
     await cluster.admin.execute(
         "UPDATE workers SET last_heartbeat_at = now() - interval '1 hour' WHERE id = 'w-1'"
     )
-    declared = await cluster.admin.fetch(queries.DECLARE_DEAD_WORKERS, EPOCH, 0.001, ["w-1"], [incarnation], None)
+    declared = await cluster.admin.fetch(
+        queries.DECLARE_DEAD_WORKERS, EPOCH, 0.001, ["w-1"], [incarnation], None
+    )
     assert declared == []
     judged = await cluster.count("SELECT count(*) FROM judged_workers WHERE id = 'w-1'")
     assert judged == 0
     await run_leader_until(cluster, "SELECT count(*) = 0 FROM assignments WHERE state = 'active'")
-    assert await cluster.assignment(aid) == {"state": "stopped", "end_reason": "worker_left", "ended_epoch": EPOCH}
+    assert await cluster.assignment(aid) == {
+        "state": "stopped",
+        "end_reason": "worker_left",
+        "ended_epoch": EPOCH,
+    }
     assert await cluster.count("SELECT count(*) FROM worker_deaths") == 0
     assert (await cluster.worker("w-1"))["state"] == "left"
 
