@@ -344,6 +344,12 @@ class CancelRequest(betterproto2.Message):
 
     assignment_ids: "list[int]" = betterproto2.field(4, betterproto2.TYPE_UINT64, repeated=True)
 
+    grace_ms: "int" = betterproto2.field(5, betterproto2.TYPE_UINT32)
+    """
+    The stop's grace in milliseconds: the jobs get SIGTERM at once and SIGKILL this long
+    after (a preemption's, the leader's preempt_grace_s). 0: the worker's own stop_grace_s.
+    """
+
 
 default_message_pool.register_message("stockade.v1", "CancelRequest", CancelRequest)
 
