@@ -6,9 +6,18 @@ the victims to stop there. docs/preemption.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import attrs
+import numpy as np
+
+from actors.pending_queue import PendingQueue
+from actors.quotas import AccountQuota
+from actors.rooms import WorkerRoom
+from runtime.constraints import satisfied
+
+MAX_SCANNED = 256
+"""Most queued jobs, from the head of the queue, :func:`candidates` looks at in one round."""
 
 
 @attrs.frozen(kw_only=True)
@@ -97,6 +106,69 @@ class Preemption:
         return tuple(v.assignment_id for v in self.victims)
 
 
+def candidates(
+    queue: PendingQueue,
+    rooms: Sequence[WorkerRoom],
+    *,
+    skip: Collection[int],
+    quotas: Mapping[str, AccountQuota] | None = None,
+    limit: int,
+    scanned: int = MAX_SCANNED,
+) -> list[Candidate]:
+    """The preemption candidates of a round, in queue order (highest priority first): of the
+    first ``scanned`` queued jobs not in ``skip`` (placed this round, backing off, holding a
+    worker already), at most ``limit`` that some room may take (its container rule and
+    constraints) whose whole capacity holds them, but whose free room none holds now, and whose
+    account's caps leave room for them.
+
+    Args:
+        rooms: the workers that take placements (not cordoned, not unhealthy), with their
+            capacity and allocation.
+        quotas: the capped accounts' caps and use (docs/quotas.md).
+    """
+    if not rooms or limit <= 0:
+        return []
+    cap_cpu = np.array([r.cpu_millis for r in rooms], dtype=np.int64)
+    cap_mem = np.array([r.memory_mb for r in rooms], dtype=np.int64)
+    free_cpu = cap_cpu - np.array([r.cpu_allocated_millis for r in rooms], dtype=np.int64)
+    free_mem = cap_mem - np.array([r.memory_allocated_mb for r in rooms], dtype=np.int64)
+    containers = np.array([r.runs_containers for r in rooms], dtype=bool)
+    found: list[Candidate] = []
+    for at in range(min(len(queue), scanned)):
+        job_id = int(queue.ids[at])
+        if job_id in skip:
+            continue
+        cpu, memory = int(queue.cpu[at]), int(queue.mem[at])
+        account = queue.owners[int(queue.owner[at])]
+        quota = (quotas or {}).get(account)
+        if quota is not None and (
+            (quota.cpu_millis is not None and quota.used_cpu_millis + cpu > quota.cpu_millis)
+            or (quota.memory_mb is not None and quota.used_memory_mb + memory > quota.memory_mb)
+        ):
+            continue
+        allowed = (cap_cpu >= cpu) & (cap_mem >= memory)
+        if queue.container[at]:
+            allowed &= containers
+        constraints = queue.groups[int(queue.group[at])]
+        if constraints:
+            allowed &= np.array([satisfied(constraints, r.labels) for r in rooms], dtype=bool)
+        if not allowed.any() or ((free_cpu >= cpu) & (free_mem >= memory) & allowed).any():
+            continue
+        found.append(
+            Candidate(
+                job_id=job_id,
+                priority=int(queue.prio[at]),
+                cpu_millis=cpu,
+                memory_mb=memory,
+                account=account,
+                worker_ids=tuple(r.worker_id for r, ok in zip(rooms, allowed.tolist(), strict=True) if ok),
+            )
+        )
+        if len(found) >= limit:
+            break
+    return found
+
+
 def victim_order(victim: Running) -> tuple[int, float, int]:
     """The order victims are taken on a worker: lowest priority first, then youngest first
     (latest start), then the newest assignment."""
@@ -141,8 +213,8 @@ def plan_preemptions(
     on_worker: dict[str, list[Running]] = {}
     for victim in running:
         on_worker.setdefault(victim.worker_id, []).append(victim)
-    for victims in on_worker.values():
-        victims.sort(key=victim_order)
+    for on_one in on_worker.values():
+        on_one.sort(key=victim_order)
     used = {account: (cpu, memory) for account, (cpu, memory) in shares.used.items()}
     taken: set[int] = set()
     chosen_workers: set[str] = set()
@@ -154,19 +226,19 @@ def plan_preemptions(
         for worker_id in sorted(set(candidate.worker_ids)):
             if worker_id in chosen_workers or worker_id not in free:
                 continue
-            victims = _victims_on(
+            needed = _victims_on(
                 candidate, free[worker_id], on_worker.get(worker_id, ()), taken, used, shares
             )
-            if victims is None or not victims:
+            if not needed:
                 continue
             key = (
-                len(victims),
-                max(v.priority for v in victims),
-                -max(v.started_at_s for v in victims),
+                len(needed),
+                max(v.priority for v in needed),
+                -max(v.started_at_s for v in needed),
                 worker_id,
             )
             if best is None or key < best[0]:
-                best = (key, worker_id, victims)
+                best = (key, worker_id, needed)
         if best is None:
             continue
         _, worker_id, victims = best
