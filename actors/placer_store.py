@@ -14,6 +14,7 @@ import attrs
 import trio
 
 from actors import queries
+from actors.fair_share import AccountShare
 from actors.messages import WorkerRef
 from actors.pending_queue import PendingJob
 from actors.quotas import AccountQuota
@@ -101,6 +102,11 @@ class PlacerStore(Protocol):
     ) -> tuple[list[LiveWorker], list[WaitingJob], PendingMark]:
         """In one round trip: :meth:`live_workers`, the pending jobs after ``mark`` (up to
         ``limit`` above it, and all of its transactions in flight), and the mark after them."""
+
+    async def account_shares(self, half_life_s: float, *, with_past: bool) -> dict[str, AccountShare]:
+        """Each account's fair-share weight and what its jobs hold now, by name (those that
+        hold something or weigh other than 1), with its decayed past use when ``with_past`` and
+        ``half_life_s`` > 0 (else none: 0)."""
 
     async def close(self) -> None:
         """Close the store's connection (a later read opens another)."""
@@ -274,3 +280,27 @@ class PgPlacerStore(ReadStore):
     async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
         rows = await (await self._connection()).fetch(queries.NO_LONGER_PENDING, job_ids)
         return [int(r["id"]) for r in rows]
+
+    async def account_shares(self, half_life_s: float, *, with_past: bool) -> dict[str, AccountShare]:
+        conn = await self._connection()
+        past = (
+            {r["name"]: r for r in await conn.fetch(queries.ACCOUNT_PAST_USE, half_life_s)}
+            if with_past and half_life_s > 0
+            else {}
+        )
+        shares = {
+            r["name"]: AccountShare(
+                weight=float(r["weight"]),
+                used_cpu_millis=int(r["used_cpu_millis"]),
+                used_memory_mb=int(r["used_memory_mb"]),
+            )
+            for r in await conn.fetch(queries.ACCOUNT_USE)
+        }
+        for name, r in past.items():
+            share = shares.get(name, AccountShare())
+            shares[name] = attrs.evolve(
+                share,
+                decayed_cpu_millis=max(0.0, float(r["decayed_cpu_millis"] or 0.0)),
+                decayed_memory_mb=max(0.0, float(r["decayed_memory_mb"] or 0.0)),
+            )
+        return shares

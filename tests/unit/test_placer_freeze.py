@@ -12,6 +12,7 @@ import pytest
 import trio
 import trio.testing
 
+from actors.fair_share import AccountShare
 from actors.messages import (
     CommitPlacements,
     CommittedAssignment,
@@ -52,6 +53,9 @@ class FakeStore:
 
     async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
         return []
+
+    async def account_shares(self, half_life_s: float, *, with_past: bool) -> dict[str, AccountShare]:
+        return {}
 
     async def read_round(
         self, fresh_s: float, mark: PendingMark, limit: int

@@ -9,6 +9,7 @@ import attrs
 import trio
 import trio.testing
 
+from actors.fair_share import AccountShare
 from actors.messages import (
     CommitPlacements,
     CommittedAssignment,
@@ -80,6 +81,9 @@ class FakeStore:
     async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
         self.reads.append(("gone", 0, tuple(job_ids)))
         return [j for j in job_ids if j in self.gone]
+
+    async def account_shares(self, half_life_s: float, *, with_past: bool) -> dict[str, AccountShare]:
+        return {}
 
     async def read_round(
         self, fresh_s: float, mark: PendingMark, limit: int

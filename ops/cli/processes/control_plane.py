@@ -60,6 +60,17 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         help="Workers a placer round may keep free for jobs that fit no free room yet (0: none).",
     ),
     **_placer("reserve_after_s", help="Only a job queued this long may reserve a worker, seconds."),
+    **_placer(
+        "fair_share",
+        help="Divide the cluster between competing accounts by weighted Dominant Resource Fairness "
+        "(--no-fair-share: by priority, then submission order).",
+    ),
+    **_placer(
+        "fair_share_half_life_s",
+        help="Fair share counts an account's past use, halved every this many seconds "
+        "(0: only what its jobs hold now).",
+    ),
+    **_placer("fair_share_refresh_s", help="Read what each account's jobs hold this often, seconds."),
     **_ingest(
         "pool_size", option="ingest_pool_size", help="Database connections of the ControlPlane service."
     ),
