@@ -13,6 +13,7 @@ from typing import ParamSpec, TypeVar
 import attrs
 import numpy as np
 
+from actors.fair_share import AccountShare, fair_order
 from actors.pending_queue import PendingJob, PendingQueue
 from actors.quotas import AccountQuota, QuotaLedger
 from actors.rooms import ReasonCache, WorkerRoom, fits_by_kind, workers_key
@@ -112,6 +113,8 @@ def place_queue_steps(
     step_visits: int = STEP_VISITS,
     reason_cache: ReasonCache | None = None,
     quotas: Mapping[str, AccountQuota] | None = None,
+    shares: Mapping[str, AccountShare] | None = None,
+    held: Mapping[str, int] | None = None,
 ) -> Generator[None, None, Plan]:
     """Decide a round in slices: a generator that yields after every ``step_visits`` jobs it
     considered and returns the :class:`Plan`. It places at most ``max_placements`` and reserves
@@ -122,6 +125,13 @@ def place_queue_steps(
     account uses and what the round placed for it before, is neither placed nor reserves a
     worker: it waits with the reason :attr:`Plan.over_quota` gives, and the jobs after it are
     placed past it.
+
+    With ``shares`` (fair share: the accounts' weights and use, by name; docs/fair-share.md),
+    the jobs of several accounts are considered in :func:`actors.fair_share.fair_order`, by
+    priority and then by weighted dominant share, instead of queue order; without it, or with
+    one account, in queue order. ``held`` (worker_id -> job_id) keeps each of those workers for
+    that job alone: nothing else is placed on it or reserves it, and the job is placed on it
+    when it fits there (a preemption's freed room; actors/preemption.py).
 
     Raises:
         ValueError: unknown policy, a negative ``max_reservations``, or ``step_visits`` < 1.
@@ -189,9 +199,61 @@ def place_queue_steps(
         stuck, stuck_shapes = stuck[keep], stuck_shapes[keep]
     unschedulable = Unschedulable(stuck, queue.ids[stuck], stuck_shapes, by_shape)
     plan = Plan(placements=(), unschedulable=unschedulable)
+    within_all = None if ledger is None else ledger.within(queue.owner, queue.cpu, queue.mem)
+    order = (
+        None
+        if shares is None
+        else fair_order(
+            owner=queue.owner,
+            cpu=queue.cpu,
+            mem=queue.mem,
+            prio=queue.prio,
+            candidate=eligible & holdable if within_all is None else eligible & holdable & within_all,
+            owners=queue.owners,
+            shares=shares,
+            total_cpu_millis=float(cap_cpu.sum()),
+            total_memory_mb=float(cap_mem.sum()),
+        )
+    )
+    if order is None:
+        q_ids, q_cpu, q_mem, q_owner, q_shape = queue.ids, queue.cpu, queue.mem, queue.owner, queue.shape
+        q_group, q_container, q_since, q_eligible, q_holdable = (
+            queue.group,
+            queue.container,
+            queue.since,
+            eligible,
+            holdable,
+        )
+    else:
+        q_ids, q_cpu, q_mem, q_owner, q_shape = (
+            queue.ids[order],
+            queue.cpu[order],
+            queue.mem[order],
+            queue.owner[order],
+            queue.shape[order],
+        )
+        q_group, q_container, q_since, q_eligible, q_holdable = (
+            queue.group[order],
+            queue.container[order],
+            queue.since[order],
+            eligible[order],
+            holdable[order],
+        )
     placements: list[tuple[int, str]] = []
     sizes, reservations, held_back = plan.sizes, plan.reservations, plan.held_back
     unreserved = np.ones(len(ordered), dtype=bool)
+    # Held workers: closed to every job but the one each is held for (its worker index).
+    held_at: dict[int, int] = {}
+    for worker_id, held_job in (held or {}).items():
+        kept = position_of.get(worker_id)
+        if kept is not None:
+            unreserved[kept] = False
+            held_at[int(held_job)] = kept
+    held_positions = (
+        np.flatnonzero(np.isin(q_ids, np.fromiter(held_at, dtype=np.int64)))
+        if held_at
+        else np.empty(0, np.int64)
+    )
     limit = len(queue) if max_placements is None else max_placements
     position = visited = 0
     while ordered and position < len(queue) and len(placements) < limit:
@@ -203,16 +265,16 @@ def place_queue_steps(
         # MISSES_BEFORE_REFILTER jobs in a row no longer fit anywhere.
         window = slice(position, None)
         is_open = unreserved & (left > 0)
-        shapes = queue.shape[window]
-        fitting = eligible[window] & fit_by_shape(free_cpu, free_mem, is_open)[shapes]
-        within = (
-            None
-            if ledger is None
-            else ledger.within(queue.owner[window], queue.cpu[window], queue.mem[window])
-        )
+        shapes = q_shape[window]
+        fitting = q_eligible[window] & fit_by_shape(free_cpu, free_mem, is_open)[shapes]
+        within = None if ledger is None else ledger.within(q_owner[window], q_cpu[window], q_mem[window])
         if within is not None:
             fitting &= within  # use only grows in a round: a job over its caps stays so
         visit = fitting
+        held_here = held_positions[held_positions >= position] - position
+        if held_here.size:
+            visit = fitting.copy()
+            visit[held_here] = q_eligible[window][held_here]
         wanted = max_reservations - len(reservations)
         if wanted > 0:
             room_fit = (
@@ -220,11 +282,11 @@ def place_queue_steps(
                 if bool(np.array_equal(is_open, unreserved))
                 else fit_by_shape(free_cpu, free_mem, unreserved)[shapes]
             )
-            waited = (now - queue.since[window]) >= reserve_after_s
-            candidates = ~room_fit & holdable[window] & waited & eligible[window]
+            waited = (now - q_since[window]) >= reserve_after_s
+            candidates = ~room_fit & q_holdable[window] & waited & q_eligible[window]
             blocked = np.flatnonzero(candidates if within is None else candidates & within)[:wanted]
             if blocked.size:
-                visit = fitting.copy()
+                visit = visit.copy()
                 visit[blocked] = True
         refilter, misses = False, 0
         for offset in np.flatnonzero(visit).tolist():
@@ -232,26 +294,31 @@ def place_queue_steps(
             if visited % step_visits == 0:
                 yield
             index = position + offset
-            job_id = int(queue.ids[index])
-            cpu, mem = int(queue.cpu[index]), int(queue.mem[index])
-            owner = int(queue.owner[index])
+            job_id = int(q_ids[index])
+            cpu, mem = int(q_cpu[index]), int(q_mem[index])
+            owner = int(q_owner[index])
             if ledger is not None and not ledger.fits(owner, cpu, mem):
                 continue  # over its caps now: waits (Plan.over_quota), reserving nothing
-            allowed = group_rooms[int(queue.group[index])]
-            if queue.container[index]:
+            allowed = group_rooms[int(q_group[index])]
+            if q_container[index]:
                 allowed = allowed & runs_containers
             anywhere = allowed
             failed_on = queue.failed_on.get(job_id)
             if failed_on:
                 allowed = elsewhere(allowed, failed_on, position_of, cpu, mem, cap_cpu, cap_mem)
-            if not fitting[offset]:
+            held_on = held_at.get(job_id)
+            opened = unreserved
+            if held_on is not None:
+                opened = unreserved.copy()
+                opened[held_on] = True
+            elif not fitting[offset]:
                 if len(reservations) < max_reservations:
                     reserved = _reserve(cpu, mem, free_cpu, free_mem, cap_cpu, cap_mem, unreserved & allowed)
                     if reserved is not None:
                         unreserved[reserved] = False
-                        reservations[names[reserved]] = int(queue.ids[index])
+                        reservations[names[reserved]] = job_id
                 continue
-            room = (free_cpu >= cpu) & (free_mem >= mem) & unreserved & (left > 0)
+            room = (free_cpu >= cpu) & (free_mem >= mem) & opened & (left > 0)
             fits = room & allowed
             if not fits.any():
                 if failed_on and (room & anywhere).any():

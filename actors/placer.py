@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.fair_share import AccountShare
 from actors.messages import (
     CommitPlacements,
     CommittedAssignment,
@@ -38,6 +39,10 @@ from runtime.settings.leader import PREEMPT_HOLD_MARGIN_S, PlacerSettings
 PREEMPT_RECHECK_S = 1.0
 """While the same jobs are preemption candidates, the placer reads what they may preempt at
 most this often (seconds): a round with nothing to preempt for costs no read."""
+
+FAIR_SHARE_PAST_REFRESH_S = 30.0
+"""How often the placer reads the accounts' decayed past use (a scan of the runs of the last
+10 half-lives: queries.ACCOUNT_PAST_USE), in seconds."""
 
 
 def _not_before(waiting: list[WaitingJob]) -> dict[int, float]:
@@ -106,12 +111,21 @@ class Placer(FencedWrites):
     _reasons: ReasonCache = attrs.field(factory=ReasonCache)
     """Unschedulable reasons by job shape while the workers stay the same (a memo)."""
     _reserving_checked_at: float = -math.inf
-    _held: dict[str, tuple[int, float]] = attrs.field(factory=dict)
+    _holds_until: dict[str, tuple[int, float]] = attrs.field(factory=dict)
     """worker_id -> (the job it is kept for alone, until when: trio time): the room its
     preemption frees goes to that job (docs/preemption.md). Kept for the term that preempted."""
     _held_epoch: int | None = None
     _preempt_checked: tuple[tuple[int, ...], float] = ((), -math.inf)
     """The candidates of the last preemption read, and when it was (trio time)."""
+    _shares: dict[str, AccountShare] = attrs.field(factory=dict)
+    """Fair share's accounts as last read, with what this placer placed since added."""
+    _shares_read_at: float = -math.inf
+    _past_read_at: float = -math.inf
+    _past: dict[str, tuple[float, float]] = attrs.field(factory=dict)
+    """Account -> its decayed past use (cpu_millis, memory_mb) as last read."""
+    held: dict[str, int] = attrs.field(factory=dict)
+    """worker_id -> the job it is kept for alone this round (a preemption's freed room): the
+    holds of ``_holds_until`` still in force, worked out at each round's start (:meth:`_holds`)."""
     _log: Any = attrs.field(factory=lambda: log.get("placer"))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -180,9 +194,11 @@ class Placer(FencedWrites):
             self.queue.remove(await self.store.no_longer_pending(self._reserving))
             self._reserving_checked_at = trio.current_time()
             self._reserving = []
+        if s.fair_share:
+            await self._read_shares()
         read_done = trio.current_time()
         metrics.PLACER_PENDING_JOBS.set(len(self.queue))
-        held = self._holds(epoch, read_done)
+        self.held = self._holds(epoch, read_done)
         if not len(self.queue):
             metrics.ROUNDS.labels("empty").inc()
             return ()
@@ -195,10 +211,12 @@ class Placer(FencedWrites):
             idle_fingerprint=self._idle_fingerprint,
             reason_cache=self._reasons,
             quotas=self.store.quotas,
+            shares=self._shares if s.fair_share else None,
+            held=self.held or None,
         )
         plan = await finish_in_slices(steps)  # a checkpoint between slices; only this task changes the queue
         if s.preemption:
-            await self._preempt(epoch, workers, plan, held)
+            await self._preempt(epoch, workers, plan, self.held)
         metrics.PLACER_BACKOFF_JOBS.set(len(plan.backing_off))
         metrics.PLACER_PHASE_SECONDS.labels("read").observe(read_done - started)
         if plan.outcome == "unchanged":
@@ -220,6 +238,12 @@ class Placer(FencedWrites):
         )
         commit_done = trio.current_time()
         metrics.PLACER_PHASE_SECONDS.labels("commit").observe(commit_done - decided)
+        if s.fair_share and committed:
+            done = {c.job_id for c in committed}
+            owner_of = self.queue.owner_of(done)
+            for p in plan.placements:
+                if p.job_id in done:
+                    self._add_use(owner_of.get(p.job_id, ""), p.cpu_millis, p.memory_mb)
         # Placed or not (a job cancelled or claimed meanwhile), none of them is pending any more.
         self.queue.remove(plan.placed_job_ids)
         self.queue.store_reasons(plan.reasons)
@@ -248,13 +272,13 @@ class Placer(FencedWrites):
         """worker_id -> job_id of the workers kept for a preempting job this round: those of
         this term whose job is still queued and whose hold has not run out."""
         if epoch != self._held_epoch:
-            self._held_epoch, self._held = epoch, {}
-        self._held = {
+            self._held_epoch, self._holds_until = epoch, {}
+        self._holds_until = {
             worker_id: (job_id, until)
-            for worker_id, (job_id, until) in self._held.items()
+            for worker_id, (job_id, until) in self._holds_until.items()
             if until > now and job_id in self.queue
         }
-        return {worker_id: job_id for worker_id, (job_id, _) in self._held.items()}
+        return {worker_id: job_id for worker_id, (job_id, _) in self._holds_until.items()}
 
     async def _preempt(
         self, epoch: int, workers: Sequence[LiveWorker], plan: RoundPlan, held: dict[str, int]
@@ -325,7 +349,7 @@ class Placer(FencedWrites):
             written.append(decision)
             metrics.PREEMPTIONS.inc(len(victims))
             if len(victims) == len(decision.victims):
-                self._held[decision.worker_id] = (decision.job_id, until)
+                self._holds_until[decision.worker_id] = (decision.job_id, until)
             self._log.info(
                 "preempting",
                 epoch=epoch,
@@ -335,6 +359,33 @@ class Placer(FencedWrites):
                 assignment_ids=[v.assignment_id for v in victims],
             )
         return tuple(written)
+
+    async def _read_shares(self) -> None:
+        """Read fair share's accounts when ``fair_share_refresh_s`` has passed (their decayed past
+        use every :data:`FAIR_SHARE_PAST_REFRESH_S`)."""
+        s = self.settings
+        now = trio.current_time()
+        if now - self._shares_read_at < s.fair_share_refresh_s:
+            return
+        with_past = s.fair_share_half_life_s > 0 and now - self._past_read_at >= FAIR_SHARE_PAST_REFRESH_S
+        shares = await self.store.account_shares(s.fair_share_half_life_s, with_past=with_past)
+        if with_past:
+            self._past = {n: (a.decayed_cpu_millis, a.decayed_memory_mb) for n, a in shares.items()}
+            self._past_read_at = now
+        else:
+            for name, (cpu, mem) in self._past.items():
+                share = shares.get(name, AccountShare())
+                shares[name] = attrs.evolve(share, decayed_cpu_millis=cpu, decayed_memory_mb=mem)
+        self._shares, self._shares_read_at = shares, now
+
+    def _add_use(self, owner: str, cpu_millis: int, memory_mb: int) -> None:
+        """Count a placement this placer committed in its account's use until the next read."""
+        share = self._shares.get(owner, AccountShare())
+        self._shares[owner] = attrs.evolve(
+            share,
+            used_cpu_millis=share.used_cpu_millis + cpu_millis,
+            used_memory_mb=share.used_memory_mb + memory_mb,
+        )
 
     def _connect_ahead(self, epoch: int, workers: Sequence[LiveWorker]) -> None:
         """Have the dispatcher open connections to live workers it has not been told of under

@@ -14,6 +14,7 @@ import attrs
 import trio
 
 from actors import queries
+from actors.fair_share import AccountShare
 from actors.messages import WorkerRef
 from actors.pending_queue import PendingJob
 from actors.preemption import Running, Shares
@@ -110,6 +111,11 @@ class PlacerStore(Protocol):
         ``priority`` may preempt (a lower priority, not marked already, no cancel asked, not
         preempted within ``cooldown_s``), and the accounts' shares (the cluster's capacity left
         0: the caller knows it). Read only when a round leaves candidates (docs/preemption.md)."""
+
+    async def account_shares(self, half_life_s: float, *, with_past: bool) -> dict[str, AccountShare]:
+        """Each account's fair-share weight and what its jobs hold now, by name (those that
+        hold something or weigh other than 1), with its decayed past use when ``with_past`` and
+        ``half_life_s`` > 0 (else none: 0)."""
 
     async def close(self) -> None:
         """Close the store's connection (a later read opens another)."""
@@ -334,3 +340,27 @@ class PgPlacerStore(ReadStore):
             active=frozenset(a for a, *_ in accounts),
         )
         return victims, shares
+
+    async def account_shares(self, half_life_s: float, *, with_past: bool) -> dict[str, AccountShare]:
+        conn = await self._connection()
+        past = (
+            {r["name"]: r for r in await conn.fetch(queries.ACCOUNT_PAST_USE, half_life_s)}
+            if with_past and half_life_s > 0
+            else {}
+        )
+        shares = {
+            r["name"]: AccountShare(
+                weight=float(r["weight"]),
+                used_cpu_millis=int(r["used_cpu_millis"]),
+                used_memory_mb=int(r["used_memory_mb"]),
+            )
+            for r in await conn.fetch(queries.ACCOUNT_USE)
+        }
+        for name, r in past.items():
+            share = shares.get(name, AccountShare())
+            shares[name] = attrs.evolve(
+                share,
+                decayed_cpu_millis=max(0.0, float(r["decayed_cpu_millis"] or 0.0)),
+                decayed_memory_mb=max(0.0, float(r["decayed_memory_mb"] or 0.0)),
+            )
+        return shares

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import attrs
 import numpy as np
 
+from actors.fair_share import AccountShare
 from actors.messages import CommittedAssignment, Dispatch, Placement, WorkerRef
 from actors.pending_queue import PendingQueue
 from actors.placement import Plan, Unschedulable, in_one_go, place_queue_steps
@@ -135,6 +136,8 @@ def plan_round_steps(
     idle_fingerprint: tuple[Any, ...] | None = None,
     reason_cache: ReasonCache | None = None,
     quotas: Mapping[str, AccountQuota] | None = None,
+    shares: Mapping[str, AccountShare] | None = None,
+    held: Mapping[str, int] | None = None,
 ) -> Generator[None, None, RoundPlan]:
     """What one round commits and dispatches, decided in slices: a generator that yields
     between slices of :func:`actors.placement.place_queue_steps` and returns the plan. Neither
@@ -153,6 +156,8 @@ def plan_round_steps(
         reason_cache: a memo of unschedulable reasons kept by the caller.
         quotas: the capped accounts' caps and use, by name (docs/quotas.md); a job that would
             take its account past a cap waits (:func:`actors.placement.place_queue_steps`).
+        shares: fair share's accounts (weights and use, by name); None: queue order.
+        held: worker_id -> the job it is kept for alone (a preemption's freed room).
 
     Raises:
         ValueError: the settings name an unknown policy.
@@ -188,7 +193,15 @@ def plan_round_steps(
         for w, room in zip(workers, rooms, strict=True)
     )
     capped = tuple(sorted((name, attrs.astuple(q)) for name, q in (quotas or {}).items()))
-    fingerprint = (queue.version, len(backing_off), tuple(free), cordoned, unhealthy, capped)
+    fingerprint = (
+        queue.version,
+        len(backing_off),
+        tuple(free),
+        cordoned,
+        unhealthy,
+        capped,
+        tuple(sorted((held or {}).items())),
+    )
     if fingerprint == idle_fingerprint:
         return RoundPlan(outcome="unchanged", fingerprint=fingerprint, backing_off=backing_off)
     by_id = {w.ref.worker_id: w.ref for w in workers}
@@ -202,6 +215,8 @@ def plan_round_steps(
         now=now,
         reason_cache=reason_cache,
         quotas=quotas,
+        shares=shares,
+        held=held,
     )
     placed = dict(plan.placements)
     unschedulable = plan.unschedulable

@@ -111,3 +111,35 @@ SELECT v.*, s.*
                   FROM jobs WHERE state IN ('pending', 'assigned', 'running') GROUP BY owner) u
           LEFT JOIN accounts acc ON acc.name = u.owner) s
 """
+
+# What each account's assigned and running jobs hold (index jobs_in_use_by_owner), with its
+# fair-share weight (1 for an account without a row): fair share's current use
+# (actors/fair_share.py), read every fair_share_refresh_s. One row per account that holds
+# something or has a weight other than 1.
+ACCOUNT_USE = """
+SELECT coalesce(u.owner, a.name) AS name, coalesce(a.weight, 1)::float8 AS weight,
+       coalesce(u.cpu_millis, 0)::bigint AS used_cpu_millis,
+       coalesce(u.memory_mb, 0)::bigint AS used_memory_mb
+  FROM (SELECT j.owner, sum(j.cpu_millis) AS cpu_millis, sum(j.memory_mb) AS memory_mb
+          FROM jobs j WHERE j.state IN ('assigned', 'running') GROUP BY j.owner) u
+  FULL JOIN (SELECT name, weight FROM accounts WHERE weight <> 1) a ON a.name = u.owner
+"""
+
+# $1 the half-life (s, > 0). Each account's decayed past allocation (actors/fair_share.py,
+# decayed_allocation): every run's cpu_millis and memory_mb times 2^(-age at its end / $1) -
+# 2^(-age at its start / $1), its start its placement (created_at) and its end now for a run
+# still active, summed by the job's owner; runs that ended more than 10 half-lives ago (under
+# 0.1 % of their weight left) are left out. Ages are capped at 1,000 half-lives (2^-1000 is 0 to
+# float8 without an underflow). A scan of the runs of the last 10 half-lives: read every
+# FAIR_SHARE_PAST_REFRESH_S (actors/placer.py), never in a round.
+ACCOUNT_PAST_USE = """
+SELECT j.owner AS name, sum(a.cpu_millis * x.w)::float8 AS decayed_cpu_millis,
+       sum(a.memory_mb * x.w)::float8 AS decayed_memory_mb
+  FROM assignments a JOIN jobs j ON j.id = a.job_id
+  CROSS JOIN LATERAL (
+      SELECT power(2::float8, -least(extract(epoch FROM now() - coalesce(a.ended_at, now())) / $1, 1000))
+             - power(2::float8, -least(extract(epoch FROM now() - a.created_at) / $1, 1000)) AS w
+  ) x
+ WHERE a.state = 'active' OR a.ended_at > now() - make_interval(secs => 10 * $1::float8)
+ GROUP BY j.owner
+"""

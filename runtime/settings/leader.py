@@ -147,6 +147,17 @@ class PlacerSettings:
     :mod:`actors.health`) takes one job at a time until a run there since then succeeded or
     ran this long, in seconds. 0: no trial."""
 
+    fair_share: bool = True
+    """Divide the cluster between accounts that compete for it by weighted Dominant Resource
+    Fairness (:mod:`actors.fair_share`, docs/fair-share.md); False: jobs go by priority, then
+    submission order, whoever owns them."""
+    fair_share_half_life_s: float = attrs.field(default=3600.0, validator=non_negative)
+    """Fair share counts an account's past use, each run weighted by 2^(-age / this), in
+    seconds (Slurm's PriorityDecayHalfLife); 0: only what its jobs hold now counts."""
+    fair_share_refresh_s: float = attrs.field(default=1.0, validator=positive)
+    """How often the placer reads what each account's jobs hold, in seconds (between reads it
+    adds what it placed itself)."""
+
     resync_interval_s: float = attrs.field(default=30.0, validator=positive)
     """Read the whole pending queue again this often (and at every election), in seconds."""
     reserving_recheck_s: float = attrs.field(default=1.0, validator=positive)

@@ -14,6 +14,7 @@ import pytest
 import trio
 import trio.testing
 
+from actors.fair_share import AccountShare
 from actors.messages import (
     CommitPlacements,
     CommittedAssignment,
@@ -60,6 +61,9 @@ class FakeStore:
         self, priority: int, cooldown_s: float, workers: Sequence[WorkerRef]
     ) -> tuple[list[Running], Shares]:
         raise AssertionError("preemption is off: nothing is read for it")
+
+    async def account_shares(self, half_life_s: float, *, with_past: bool) -> dict[str, AccountShare]:
+        return {}
 
     async def read_round(
         self, fresh_s: float, mark: PendingMark, limit: int

@@ -73,6 +73,17 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
     **_placer(
         "max_preemptions_per_round", min=1, max=500, help="Most pending jobs one placer round preempts for."
     ),
+    **_placer(
+        "fair_share",
+        help="Divide the cluster between competing accounts by weighted Dominant Resource Fairness "
+        "(--no-fair-share: by priority, then submission order).",
+    ),
+    **_placer(
+        "fair_share_half_life_s",
+        help="Fair share counts an account's past use, halved every this many seconds "
+        "(0: only what its jobs hold now).",
+    ),
+    **_placer("fair_share_refresh_s", help="Read what each account's jobs hold this often, seconds."),
     **_ingest(
         "pool_size", option="ingest_pool_size", help="Database connections of the ControlPlane service."
     ),
