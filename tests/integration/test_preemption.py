@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import attrs
 import pytest
 import trio
-from serving import ingest_and_leader
+from serving import ingest_and_leader, placer_with_ledger
 from test_drain import DrainLeader, Drains
 from test_fenced_write_size import run_ledger, take_over_as_cp_2, until
 from test_leave import succeeded
@@ -21,6 +21,7 @@ from actors.messages import EndPreemptedAssignments, LedgerInbox, PreemptAssignm
 from protocol import pb
 from runtime.errors import StaleEpoch
 from runtime.reply import Reply
+from runtime.settings.leader import PlacerSettings
 
 EPOCH = 1
 
@@ -187,3 +188,53 @@ async def test_a_run_that_ends_on_its_own_during_the_grace_keeps_its_outcome(clu
         nursery.cancel_scope.cancel()
     assert (await cluster.assignment(aid))["state"] == "finished"
     assert (await cluster.job_row(low))["state"] == "succeeded"
+
+
+PREEMPTING = PlacerSettings(preemption=True, preempt_cooldown_s=60.0)
+
+
+async def test_a_leaders_round_preempts_a_lower_priority_run_and_places_the_job_where_it_freed_room(
+    cluster: Preemptions,
+) -> None:
+    """w-1 is full with a priority-0 job; a priority-10 job of the same size is submitted: a
+    real placer's round (preemption on) marks the low job's assignment to be preempted by it and
+    holds w-1 for it; a real reconciler stops the run and, once acknowledged, requeues the low
+    job; the next round places the high job on w-1, and the low one waits (no room)."""
+    incarnation, low, aid = await cluster.running_low_job()
+    high = await cluster.submit_job(priority=10)
+    async with placer_with_ledger(cluster.database_url, PREEMPTING) as placer:
+        assert await placer.round(EPOCH) == ()
+        assert await cluster.marks(aid) == (high, True)
+        assert placer.held == {}  # worked out at the next round's start
+        leader = DrainLeader(epoch=EPOCH)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(leader.run, cluster.database_url)
+            await until(
+                lambda: cluster.admin.fetchval("SELECT state = 'pending' FROM jobs WHERE id = $1", low)
+            )
+            nursery.cancel_scope.cancel()
+        await cluster.heartbeat("w-1", incarnation)
+        committed = await placer.round(EPOCH)
+        assert placer.held == {"w-1": high}
+    assert [(c.job_id, c.worker_id) for c in committed] == [(high, "w-1")]
+    assert (await cluster.job_row(low))["state"] == "pending"
+    assert (await cluster.job_row(low))["attempts"] == 1
+
+
+async def test_preemption_off_preempts_nothing(cluster: Preemptions) -> None:
+    """With preemption off (the default) the same round marks nothing."""
+    _, _, aid = await cluster.running_low_job()
+    await cluster.submit_job(priority=10)
+    async with placer_with_ledger(cluster.database_url) as placer:
+        assert await placer.round(EPOCH) == ()
+    assert await cluster.marks(aid) == (None, False)
+
+
+async def test_a_job_in_its_cooldown_is_not_preempted_by_a_round(cluster: Preemptions) -> None:
+    """A running job preempted within the cooldown is not a victim: the round marks nothing."""
+    _, low, aid = await cluster.running_low_job()
+    await cluster.admin.execute("UPDATE jobs SET preempted_at = now() WHERE id = $1", low)
+    await cluster.submit_job(priority=10)
+    async with placer_with_ledger(cluster.database_url, PREEMPTING) as placer:
+        assert await placer.round(EPOCH) == ()
+    assert await cluster.marks(aid) == (None, False)
