@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from properties import examples
 
 from actors.preemption import Candidate, Running, Shares, plan_preemptions, victim_order
-from tests.properties import examples
 
 BIG = Shares(cluster_cpu_millis=1_000_000, cluster_memory_mb=1_000_000, used={})
 """A cluster so large that no account is near its fair share (no protection applies)."""
