@@ -278,14 +278,16 @@ SELECT id FROM marked
 # $1 epoch, $2 assignment ids. The end of a preemption (actors/reconciler.py): only for
 # assignments marked to be preempted whose worker acknowledged the stop (invariant 6); one that
 # ended on its own during the grace is no longer active, and its outcome stands. They end as
-# stopped ('preempted'), and their jobs go to schema.sql's requeue_unspent: no attempt spent, no
-# loss, no backoff. Returns each one ended, its job, the preempting job and whether the job was
+# stopped ('preempted', its detail naming the preempting job, which the job's events show after
+# the placer cleared the job's pending reason), and their jobs go to schema.sql's
+# requeue_unspent: no attempt spent, no loss, no backoff. Returns each one ended, its job, the preempting job and whether the job was
 # requeued (PREEMPTED_REASONS then says why, in a statement of its own: requeue_unspent's update
 # is a later command than this statement's snapshot).
 END_PREEMPTED_ASSIGNMENTS = """
 WITH ended AS (
     UPDATE assignments
-       SET state = 'stopped', ended_at = now(), ended_epoch = $1, end_reason = 'preempted'
+       SET state = 'stopped', ended_at = now(), ended_epoch = $1, end_reason = 'preempted',
+           detail = 'preempted by job ' || preempted_by
      WHERE id = ANY($2::bigint[]) AND state = 'active' AND preempt_requested_at IS NOT NULL
  RETURNING id, job_id, preempted_by
 ),

@@ -167,6 +167,8 @@ async def test_an_acknowledged_preemption_requeues_without_spending_an_attempt(
         "reason": f"preempted by job {high}",
     }
     assert await cluster.count("SELECT failures FROM jobs WHERE id = " + str(low)) == 0
+    detail = await cluster.admin.fetchval("SELECT detail FROM assignments WHERE id = $1", aid)
+    assert detail == f"preempted by job {high}"
 
 
 async def test_a_run_that_ends_on_its_own_during_the_grace_keeps_its_outcome(cluster: Preemptions) -> None:
