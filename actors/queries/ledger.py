@@ -280,9 +280,10 @@ SELECT id FROM marked
 # ended on its own during the grace is no longer active, and its outcome stands. They end as
 # stopped ('preempted', its detail naming the preempting job, which the job's events show after
 # the placer cleared the job's pending reason), and their jobs go to schema.sql's
-# requeue_unspent: no attempt spent, no loss, no backoff. Returns each one ended, its job, the preempting job and whether the job was
-# requeued (PREEMPTED_REASONS then says why, in a statement of its own: requeue_unspent's update
-# is a later command than this statement's snapshot).
+# requeue_unspent: no attempt spent, no loss, no backoff. Returns each one ended, its job, the
+# preempting job and whether the job was requeued (PREEMPTED_REASONS then says why, in a
+# statement of its own: requeue_unspent's update is a later command than this statement's
+# snapshot).
 END_PREEMPTED_ASSIGNMENTS = """
 WITH ended AS (
     UPDATE assignments
