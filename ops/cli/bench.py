@@ -190,6 +190,42 @@ def bench_pack(
     _show_and_save(pack, report, out)
 
 
+@bench_app.command("fair-share")
+def bench_fair_share(
+    jobs: Annotated[int, typer.Option(min=1, max=100_000, help="Jobs each account submits.")] = 5000,
+    workers: Annotated[int, typer.Option(min=1, max=200, help="Workers (one fleet).")] = 10,
+    duration_ms: Annotated[int, typer.Option(min=1, max=600_000, help="Each job's sleep, ms.")] = 2000,
+    window_s: Annotated[float, typer.Option(min=1, max=3600, help="Measurement window, seconds.")] = 60.0,
+    alone: Annotated[bool, typer.Option(help="Also run one account alone, fair share on and off.")] = True,
+    alone_jobs: Annotated[int, typer.Option(min=1, max=100_000, help="Jobs of the lone account.")] = 2000,
+    json_path: JsonPathOption = None,
+    state_dir: Annotated[Path | None, _state_dir_option("bench clusters", "fair-share")] = None,
+) -> None:
+    """Two accounts, weights 1 and 3, submit their jobs at once into a cluster they saturate:
+    print bob's allocation over alice's in every window (fair share aims at 3), and the CPU use
+    one account alone reaches with fair share on and off."""
+    from ops.bench import fair_share
+
+    settings = fair_share.FairShareSettings(
+        jobs=jobs,
+        workers=workers,
+        duration_ms=duration_ms,
+        window_s=window_s,
+        alone=alone,
+        alone_jobs=alone_jobs,
+    )
+    out = _json_out(json_path, "fair-share")
+    with interruptible(), errors():
+        report = fair_share.run_fair_share(
+            settings, state_dir or (default_state_dir() / "bench-fair-share"), err_console().print
+        )
+    console().print(fair_share.render(report))
+    out.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    console().print(f"wrote {out}")
+    if not report.ok:
+        raise typer.Exit(EXIT_UNAVAILABLE)
+
+
 @bench_app.command("overload")
 def bench_overload(
     rates: Annotated[
