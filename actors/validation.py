@@ -46,6 +46,7 @@ from runtime.settings import agent as agent_settings
 from runtime.validation import (
     MAX_AUDIT_SINCE_S,
     MAX_BATCH_JOBS,
+    MAX_CANCEL_GRACE_MS,
     MAX_DRAIN_DEADLINE_MS,
     MAX_DRAIN_DEADLINE_S,
     MAX_ID,
@@ -353,6 +354,11 @@ LIMITS = (
         "a drain's deadline: DrainWorker `deadline_ms`, `stockade drain --deadline-s`",
         f"0 to {_n(MAX_DRAIN_DEADLINE_MS)} ms, 0 to {_n(MAX_DRAIN_DEADLINE_S)} s (one week); not NaN",
         ("MAX_DRAIN_DEADLINE_MS", "MAX_DRAIN_DEADLINE_S"),
+    ),
+    Limit(
+        "a Cancel's grace (a preemption's): CancelRequest `grace_ms`",
+        f"0 to {_n(MAX_CANCEL_GRACE_MS)} ms (ten minutes); 0: the worker's own `stop_grace_s`",
+        ("MAX_CANCEL_GRACE_MS",),
     ),
 )
 """Every limit of this module, in the order of ``docs/limits.md``'s table (:func:`limits_table`)."""

@@ -24,7 +24,7 @@ from agent.fence import trio_time_of
 from agent.job_record import RECORD_FILE, JobRecord, read_record
 from agent.job_results import JobResult, OutputPaths, command_result, container_result
 from agent.messages import JobState
-from agent.supervised import REAPER_SLACK_S
+from agent.supervised import REAPER_SLACK_S, StopNotice, pass_stop_on
 from runtime.errors import LocalFileError
 from runtime.jobs import ContainerRuntime, SleepRuntime
 
@@ -433,21 +433,27 @@ class ReaperWatch:
             self._pidfd = None
 
 
-async def watch_supervisor(watch: ReaperWatch, *, ticks: int, stop: trio.Event, stop_grace_s: float) -> bool:
-    """Wait until the supervisor held by ``watch`` has exited, passing a stop on as
-    :func:`agent.supervised.wait_supervisor` does (also when cancelled: shielded); returns
-    whether a stop was asked for. Closes the watch."""
+async def watch_supervisor(
+    watch: ReaperWatch,
+    *,
+    ticks: int,
+    stop: trio.Event,
+    stop_grace_s: float,
+    notice: StopNotice | None = None,
+    job_dir: Path | None = None,
+) -> bool:
+    """Wait until the supervisor held by ``watch`` has exited, passing a stop (or a ``notice``,
+    its grace written into ``job_dir``) on as :func:`agent.supervised.wait_supervisor` does
+    (also when cancelled: shielded); returns whether a stop was asked for. Closes the watch."""
     stopped = False
 
-    async def stop_when_asked() -> None:
+    def send(sig: int) -> None:
         nonlocal stopped
-        await stop.wait()
         stopped = True
-        watch.send(signal.SIGTERM, ticks)
-        await trio.sleep(stop_grace_s + REAPER_SLACK_S)
-        watch.send(signal.SIGUSR1, ticks)
-        await trio.sleep(REAPER_SLACK_S)
-        watch.send(signal.SIGKILL, ticks)
+        watch.send(sig, ticks)
+
+    async def stop_when_asked() -> None:
+        await pass_stop_on(send, stop=stop, stop_grace_s=stop_grace_s, notice=notice, job_dir=job_dir)
 
     try:
         async with trio.open_nursery() as nursery:

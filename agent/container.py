@@ -23,7 +23,7 @@ from agent.job_env import WORKER_ID
 from agent.job_results import JobResult, OutputPaths, container_result, never_ran
 from agent.runtimes import ContainerJob, owner_of
 from agent.starts import Spawner
-from agent.supervised import popen_supervisor, wait_supervisor
+from agent.supervised import StopNotice, popen_supervisor, wait_supervisor
 from runtime.jobs import ContainerRuntime
 from runtime.settings.agent import AgentSettings
 
@@ -154,12 +154,14 @@ async def run_container(
     spawner: Spawner | None,
     on_started: Callable[[], None],
     job_env: Mapping[str, str],
+    notice: StopNotice | None = None,
 ) -> JobResult:
     """:func:`agent.runtimes.run_job` for a container job: returns (or, cancelled, raises) once
-    its container has ended and is removed."""
+    its container has ended and is removed. A ``notice`` stops it as ``docker stop`` would,
+    with the notice's grace: ``docker kill --signal SIGTERM``, ``docker kill`` that long after."""
     paths = OutputPaths(stdout_path=str(job_dir / "stdout.log"), stderr_path=str(job_dir / "stderr.log"))
     began = trio.current_time()
-    if job is None or stop.is_set():
+    if job is None or stop.is_set() or (notice is not None and notice.given.is_set()):
         on_started()
         detail = "stopped before it was started" if job is not None else "a container job without its limits"
         return never_ran(paths, stopped=job is not None, began_at=began, ended_at=began, detail=detail)
@@ -194,7 +196,13 @@ async def run_container(
         detail = f"cannot start the supervisor of container {container_name(job)}: {exc}"
         return never_ran(paths, began_at=began, detail=detail)
     stopped, exec_reported, code = await wait_supervisor(
-        proc, started_fd, stop=stop, stop_grace_s=stop_grace_s, on_started=on_started
+        proc,
+        started_fd,
+        stop=stop,
+        stop_grace_s=stop_grace_s,
+        on_started=on_started,
+        notice=notice,
+        job_dir=job_dir,
     )
     report = deadman.read_report(job_dir)
     if report.get("removed") != "1" and "error" not in report:

@@ -164,19 +164,31 @@ class Agent(Leaving):
     async def cancel(self, order: CancelOrder) -> CancelDecision:
         """Apply the cancel rules; stop the running ones and return once they have ended. A job
         that ended on its own, before the cancel or while it was being stopped, is finished, not
-        acknowledged."""
+        acknowledged.
+
+        With ``order.grace_ms`` > 0 (a preemption's) the running command and container jobs get
+        SIGTERM at once and are killed ``grace_ms`` after, not after the agent's
+        ``stop_grace_s``; their ``stop`` lines say ``preempted`` with that ``grace_ms``. A
+        shutdown meanwhile stops them with ``stop_grace_s`` from then.
+        """
         self._fence_if_due()
         decision = self._admission.cancel(order)
+        preempted = order.grace_ms > 0
         if decision.to_stop:
             self._logger.info(
-                "stopping cancelled jobs",
+                "stopping preempted jobs" if preempted else "stopping cancelled jobs",
                 epoch=order.epoch,
                 incarnation=order.incarnation,
                 job_ids=self._job_ids(decision.to_stop),
                 assignment_ids=list(decision.to_stop),
+                grace_ms=order.grace_ms if preempted else None,
             )
         self._count_refusals("cancel", decision.refused)
-        await self._jobs.stop(list(decision.to_stop), StopReason.CANCELLED)
+        await self._jobs.stop(
+            list(decision.to_stop),
+            StopReason.PREEMPTED if preempted else StopReason.CANCELLED,
+            grace_s=order.grace_ms / 1000.0 if preempted else None,
+        )
         return self._admission.settle_cancel(decision)
 
     def _count_refusals(self, request: str, refused: tuple[Refusal, ...]) -> None:

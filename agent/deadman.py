@@ -31,11 +31,17 @@ FENCED_AT_FILE = "reaper.fenced_at"
 or killed it, because the fence deadline had passed."""
 REPORT_FILE = "reaper.report"
 """In the job's folder: how the job ended, ``key=value`` lines (see :func:`read_report`)."""
+STOP_GRACE_FILE = "reaper.stop_grace"
+"""In the job's folder: the grace of a stop with a grace of its own (:data:`NOTICE_SIGNAL`), in
+seconds; the agent writes it (:func:`write_stop_grace`) before it signals."""
 STARTED_BYTE = b"1"
 """What a supervisor writes to its start pipe once the job has started."""
 KILL_SIGNAL = signal.SIGUSR1
 """The agent's "kill the job now" (a stop past its grace, a cancel while paused), and the
 parent-death signal of a supervisor that dies with its agent."""
+NOTICE_SIGNAL = signal.SIGUSR2
+"""The agent's "stop the job with the grace in :data:`STOP_GRACE_FILE`" (a preemption's): as
+SIGTERM, but the job is killed that long after, not after the supervisor's own grace."""
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 EXIT_CANNOT_START = 127
@@ -99,11 +105,32 @@ def read_report(job_dir: str | os.PathLike[str]) -> dict[str, str]:
 
 def clear_files(job_dir: str | os.PathLike[str]) -> None:
     """Remove a previous run's supervisor files from ``job_dir`` (missing ones are fine)."""
-    for name in (REPORT_FILE, FENCED_AT_FILE):
+    for name in (REPORT_FILE, FENCED_AT_FILE, STOP_GRACE_FILE):
         try:
             os.unlink(os.path.join(job_dir, name))
         except FileNotFoundError:
             pass
+
+
+def write_stop_grace(job_dir: str | os.PathLike[str], grace_s: float) -> None:
+    """Atomically write the grace of the next :data:`NOTICE_SIGNAL` stop, in seconds, into
+    ``job_dir``. Raises OSError when it cannot be written."""
+    path = os.path.join(job_dir, STOP_GRACE_FILE)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="ascii") as file:
+        file.write(f"{float(grace_s)!r}\n")
+    os.replace(tmp, path)
+
+
+def read_stop_grace() -> float | None:
+    """The grace in :data:`STOP_GRACE_FILE` (in the working directory, the job's folder), in
+    seconds; None when it is missing, unreadable, negative or not finite."""
+    try:
+        with open(STOP_GRACE_FILE, encoding="ascii") as file:
+            value = float(file.read())
+    except (OSError, ValueError):
+        return None
+    return value if 0.0 <= value < float("inf") else None
 
 
 def write_file(name: str, text: str) -> None:
@@ -170,7 +197,7 @@ class Deadman:
     stop's and the job's timeout, applied by one loop (:meth:`supervise`). A subclass says how
     its job is killed, signalled, paused, resumed and reaped."""
 
-    handled: tuple[int, ...] = (signal.SIGTERM, KILL_SIGNAL)
+    handled: tuple[int, ...] = (signal.SIGTERM, KILL_SIGNAL, NOTICE_SIGNAL)
     """The signals :meth:`supervise` takes (blocked in the process, read with sigtimedwait)."""
 
     def __init__(self, *, grace_s: float, deadline_path: str) -> None:
@@ -181,7 +208,8 @@ class Deadman:
         self.fence_kill_at: float | None = None
         """Monotonic time a paused job is killed at (the end of the outage grace)."""
         self.kill_at: float | None = None
-        """Monotonic time of the SIGKILL that ends a graceful stop."""
+        """Monotonic time of the SIGKILL that ends a graceful stop (a later stop may bring it
+        forward, never put it off)."""
         self.killed = False
         self.timeout_at: float | None = None
         """Monotonic time the job's ``timeout_s`` runs out (None: no limit)."""
@@ -251,19 +279,24 @@ class Deadman:
     def stop_pending(self) -> bool:
         """True when a stop or a kill is waiting to be read (signalled before a resume)."""
         pending = signal.sigpending()
-        return signal.SIGTERM in pending or KILL_SIGNAL in pending
+        return signal.SIGTERM in pending or KILL_SIGNAL in pending or NOTICE_SIGNAL in pending
 
-    def stop_job(self, *, at_once: bool) -> None:
-        """Stop the job (SIGTERM, then a kill after the grace; or a kill ``at_once``, and always
-        at once while it is paused) unless it has already ended: then its end stays its own."""
+    def stop_job(self, *, at_once: bool, grace_s: float | None = None) -> None:
+        """Stop the job (SIGTERM, then a kill ``grace_s`` seconds later, None: after the
+        supervisor's own grace; or a kill ``at_once``, and always at once while it is paused)
+        unless it has already ended: then its end stays its own. A job already being stopped
+        gets no second SIGTERM; its kill comes at the earlier of the two times."""
         if self.job_exited():
             return
         self.stopped = True
+        kill_at = time.monotonic() + (self.grace_s if grace_s is None else grace_s)
         if at_once or self.paused:
             self.kill()
         elif self.kill_at is None:
             self.term()
-            self.kill_at = time.monotonic() + self.grace_s
+            self.kill_at = kill_at
+        else:
+            self.kill_at = min(self.kill_at, kill_at)
 
     def resume(self) -> None:
         """Let a paused job run again (the agent moved the deadline on). A stop the agent asked
@@ -339,5 +372,7 @@ class Deadman:
                 continue
             if info.si_signo == signal.SIGTERM and not self.killed:
                 self.stop_job(at_once=False)
+            elif info.si_signo == NOTICE_SIGNAL and not self.killed:
+                self.stop_job(at_once=False, grace_s=read_stop_grace())
             elif info.si_signo == KILL_SIGNAL:
                 self.stop_job(at_once=True)

@@ -18,6 +18,7 @@ from agent.messages import JobOrder, JobState, StopReason
 from agent.resources import JobLimits, JobResources
 from agent.runtimes import ContainerJob, RunOptions, owner_of
 from agent.starts import StartTicket
+from agent.supervised import StopNotice
 from runtime.jobs import CommandRuntime, ContainerRuntime, SleepRuntime
 from runtime.os_users import RunAs
 from runtime.settings.agent import AgentSettings
@@ -55,6 +56,12 @@ class Job:
     stop: trio.Event = attrs.field(factory=trio.Event)
     stop_reason: StopReason | None = None
     """The first reason a stop was asked for; None while nobody asked."""
+    stop_grace_ms: int | None = None
+    """The grace of its own the first stop asked for (a preemption's), in milliseconds; None:
+    none (a sleep job, or one not started yet, was stopped at once all the same)."""
+    notice: StopNotice = attrs.field(factory=StopNotice)
+    """A stop with a grace of its own (a preemption's), for a command or container job that has
+    started; ``stop`` hurries it (the worker's own grace from then)."""
     done: trio.Event = attrs.field(factory=trio.Event)
     start_ticket: StartTicket | None = None
     """A command job's place in the queue for a start slot, then its slot; None for a sleep job."""
@@ -107,14 +114,18 @@ def runner_options(
     run_as: RunAs | None,
     resources: JobResources | None,
     on_spawned: Callable[[int], None],
+    notice: StopNotice | None = None,
 ) -> dict[str, Any]:
     """The arguments of :data:`agent.runtimes.JobRunner` that only some jobs are given (by name,
     so runners of other jobs, tests' stand-ins among them, need not know them): a container
     job's names and limits, a timeout or working directory its spec asks for, a command job's
     resources and limits, ``on_spawned`` (its reaper's pid goes into its record) and OOM score
-    (the OOM killer's first choice: :mod:`runtime.oom`)."""
+    (the OOM killer's first choice: :mod:`runtime.oom`), and a command's or container's
+    ``notice`` (a stop with a grace of its own)."""
     runtime = order.spec.runtime
     given: dict[str, Any] = {}
+    if notice is not None and isinstance(runtime, CommandRuntime | ContainerRuntime):
+        given["notice"] = notice
     if isinstance(runtime, ContainerRuntime):
         given["container"] = ContainerJob(
             worker_id=settings.worker_id,

@@ -74,6 +74,7 @@ class JobLog:
         assignment_id: int | None = None,
         reason: str | None = None,
         exit_code: int | None = None,
+        grace_ms: int | None = None,
         at: float | None = None,
         not_before_s: float | None = None,
         started: bool = True,
@@ -86,6 +87,8 @@ class JobLog:
         Args:
             at: trio time of the event when it happened before now; None: now.
             not_before_s: the line's ``time`` is not earlier than this (a stop's start line).
+            grace_ms: on a stop line, the grace of its own the job was stopped with (a
+                preemption's), in milliseconds; None: none (the line has no such key).
             started: on a stop line, whether the job really ran.
             left: on a leave line, whether a control plane recorded the worker as left.
             on_written: called with the line's ``time`` once it is written.
@@ -113,6 +116,8 @@ class JobLog:
             record["started"] = started
             if exit_code is not None:
                 record["exit_code"] = exit_code
+            if grace_ms is not None:
+                record["grace_ms"] = grace_ms
         if event is LogEvent.LEAVE:
             record["left"] = left
         line = _Line(

@@ -59,6 +59,9 @@ class StopReason(StrEnum):
     """It ended on its own with a non-zero exit code, or could not be started."""
     CANCELLED = "cancelled"
     """The leader cancelled it with the Cancel RPC."""
+    PREEMPTED = "preempted"
+    """The leader stopped it with a Cancel RPC that gave a grace of its own (``grace_ms``, a
+    preemption's): SIGTERM at once, killed that long after."""
     STOPPED_BY_CONTROL_PLANE = "stopped_by_control_plane"
     """A heartbeat reply listed it in ``stop_assignment_ids``."""
     SELF_FENCE = "self_fence"
@@ -109,6 +112,10 @@ class CancelOrder:
     worker_id: str
     incarnation: int
     assignment_ids: tuple[int, ...]
+    grace_ms: int = 0
+    """The stop's grace in milliseconds (a preemption's): the running jobs get SIGTERM at once
+    and are killed this long after; 0: the worker's own ``stop_grace_s``. At most
+    :data:`runtime.validation.MAX_CANCEL_GRACE_MS` (the service checks it)."""
 
 
 @attrs.frozen(kw_only=True)

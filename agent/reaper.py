@@ -16,6 +16,7 @@ from agent import proctree
 from agent.deadman import (
     EXIT_AGENT_GONE,
     KILL_SIGNAL,
+    NOTICE_SIGNAL,
     POLL_S,
     PR_SET_PDEATHSIG,
     Deadman,
@@ -133,7 +134,7 @@ def _parse_confine(field: str) -> tuple[tuple[str, ...], int | None, str | None,
 
 
 class _Reaper(Deadman):
-    handled = (signal.SIGCHLD, signal.SIGTERM, KILL_SIGNAL)
+    handled = (signal.SIGCHLD, signal.SIGTERM, KILL_SIGNAL, NOTICE_SIGNAL)
 
     def __init__(self, *, grace_s: float, deadline_path: str) -> None:
         super().__init__(grace_s=grace_s, deadline_path=deadline_path)
@@ -206,7 +207,7 @@ class _Reaper(Deadman):
                 return "fenced"
             timeout = min(POLL_S, self.fence_kill_at - time.monotonic())
             info = signal.sigtimedwait(self.handled, max(timeout, 0.0))
-            if info is not None and info.si_signo in (signal.SIGTERM, KILL_SIGNAL):
+            if info is not None and info.si_signo in (signal.SIGTERM, KILL_SIGNAL, NOTICE_SIGNAL):
                 return "stopped"
         if self.stop_pending():
             return "stopped"

@@ -135,15 +135,35 @@ class RunningJobs:
         for job in list(self._jobs.values()):
             self.request_stop(job, reason)
 
-    async def stop(self, assignment_ids: list[int] | None, reason: StopReason) -> None:
-        """Ask the jobs of ``assignment_ids`` (None: every job) to stop at once, then wait
-        until all have ended."""
+    def request_graceful_stop(self, job: Job, reason: StopReason, grace_s: float) -> None:
+        """Ask ``job`` to stop with a grace of its own, ``grace_s`` seconds (> 0): a command or
+        container job that has started gets SIGTERM at once and is killed that long after (a
+        later :meth:`request_stop` hurries it); any other job stops as :meth:`request_stop`
+        has it (a sleep job, or one not started yet, has nothing to finish)."""
+        if job.stop_reason is None:
+            job.stop_reason = reason
+            job.stop_grace_ms = round(grace_s * 1000)
+        runtime = job.order.spec.runtime
+        if job.started and not job.held and runtime is not None and forks(runtime):
+            job.notice.give(grace_s)
+        else:
+            self.request_stop(job, reason)
+
+    async def stop(
+        self, assignment_ids: list[int] | None, reason: StopReason, *, grace_s: float | None = None
+    ) -> None:
+        """Ask the jobs of ``assignment_ids`` (None: every job) to stop, then wait until all
+        have ended: at once, or with ``grace_s`` seconds of grace of their own
+        (:meth:`request_graceful_stop`; None or 0: the agent's ``stop_grace_s``)."""
         if assignment_ids is None:
             jobs = list(self._jobs.values())
         else:
             jobs = [self._jobs[aid] for aid in assignment_ids if aid in self._jobs]
         for job in jobs:
-            self.request_stop(job, reason)
+            if grace_s:
+                self.request_graceful_stop(job, reason, grace_s)
+            else:
+                self.request_stop(job, reason)
         for job in jobs:
             await job.done.wait()
 
@@ -239,6 +259,7 @@ class RunningJobs:
             run_as=self._run_as(job),
             resources=self.resources,
             on_spawned=lambda pid: self._record_reaper(job, pid),
+            notice=job.notice,
         )
         try:
             result = await self._run(
@@ -432,7 +453,12 @@ class RunningJobs:
         with trio.CancelScope(shield=True):
             assert job.record is not None and job.job_dir is not None
             stopped = await adoption.watch_supervisor(
-                watch, ticks=ticks, stop=job.stop, stop_grace_s=self.settings.stop_grace_s
+                watch,
+                ticks=ticks,
+                stop=job.stop,
+                stop_grace_s=self.settings.stop_grace_s,
+                notice=job.notice,
+                job_dir=job.job_dir,
             )
             result = adoption.result_from_report(job.record, job.job_dir, stopped=stopped)
             usage = await self.release_cgroup(job.job_dir.name)
@@ -496,6 +522,8 @@ class RunningJobs:
             reason = StopReason.RESTART  # taken over unstarted: its agent died as it started it
         else:
             reason = StopReason(result.state.value)
+        # A stop with a grace of its own (a preemption's) says the grace it was given.
+        grace_ms = job.stop_grace_ms if reason is StopReason.PREEMPTED else None
         # The runtime's end (a command job held or killed at the fence: when it was paused; a
         # sleep job stopped while paused: when the pause began), dated by the database's clock,
         # never before its start line. Its record goes once the line is written: a line that
@@ -505,6 +533,7 @@ class RunningJobs:
             job,
             reason=reason.value,
             exit_code=result.exit_code,
+            grace_ms=grace_ms,
             at=result.ended_at,
             not_before_s=job.start_line_s,
             started=result.started,
@@ -520,6 +549,7 @@ class RunningJobs:
             exit_code=result.exit_code,
             started=result.started,
             detail=result.detail,
+            grace_ms=grace_ms,
         )
         if fenced and not result.started and job.stop_reason is None:
             # The fence ended it before it started, on its own (its reaper found the deadline

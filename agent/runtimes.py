@@ -25,7 +25,7 @@ from agent.messages import JobState
 from agent.resources import ConfinedJob, Confinement, JobLimits, JobResources, release
 from agent.sleep_jobs import PauseView, run_sleep
 from agent.starts import Spawner
-from agent.supervised import popen_supervisor, wait_supervisor
+from agent.supervised import StopNotice, popen_supervisor, wait_supervisor
 from runtime.jobs import CommandRuntime, ContainerRuntime, JobRuntime, SleepRuntime
 from runtime.os_users import RunAs, chown, ensure_traversable
 
@@ -137,6 +137,7 @@ async def run_job(
     limits: JobLimits | None = None,
     on_spawned: Callable[[int], None] | None = None,
     oom_score_adj: int | None = None,
+    notice: StopNotice | None = None,
 ) -> JobResult:
     """Run one job until it ends or ``stop`` is set; return once it has really ended.
 
@@ -162,6 +163,9 @@ async def run_job(
         on_spawned: called with a command's reaper's pid once it is forked (recorded for a
             restarted agent: :mod:`agent.adoption`).
         oom_score_adj: a command's ``oom_score_adj`` (:mod:`runtime.oom`); None: inherited.
+        notice: a stop with a grace of its own (a preemption's) for a command or a container:
+            SIGTERM at once, the kill its ``grace_s`` after (:class:`agent.supervised.StopNotice`);
+            None: only ``stop``. A sleep job does not look at it.
 
     Returns:
         The result; ``stopped`` tells a stop from a natural end, ``started`` whether a command
@@ -194,6 +198,7 @@ async def run_job(
                 limits=limits,
                 on_spawned=on_spawned,
                 oom_score_adj=oom_score_adj,
+                notice=notice,
             )
         case ContainerRuntime():
             # Imported here: it loads the Docker SDK only where a container job runs.
@@ -210,6 +215,7 @@ async def run_job(
                     spawner=spawner,
                     on_started=on_started,
                     job_env=job_env or {},
+                    notice=notice,
                 ),
                 stop,
                 options.timeout_s,
@@ -248,7 +254,8 @@ async def _timed(
 class JobRunner(Protocol):
     """What runs the agent's jobs: :func:`run_job` bound to the process's spawner
     (:func:`job_runner`), or a scripted stand-in in unit tests. The arguments every job is given
-    are named here; the ones only some jobs are given (a container, limits, a timeout: see
+    are named here; the ones only some jobs are given (a container, limits, a timeout, a
+    command's or container's ``notice``, which a runner given it must honour: see
     :func:`agent.job_task.runner_options`) arrive by name in ``options``."""
 
     async def __call__(
@@ -287,12 +294,13 @@ async def _run_command(
     limits: JobLimits | None,
     on_spawned: Callable[[int], None] | None = None,
     oom_score_adj: int | None = None,
+    notice: StopNotice | None = None,
 ) -> JobResult:
     stdout_path = job_dir / "stdout.log"
     stderr_path = job_dir / "stderr.log"
     paths = OutputPaths(stdout_path=str(stdout_path), stderr_path=str(stderr_path))
     began = trio.current_time()
-    if stop.is_set():
+    if stop.is_set() or (notice is not None and notice.given.is_set()):
         on_started()
         return never_ran(
             paths, stopped=True, began_at=began, ended_at=began, detail="stopped before it was started"
@@ -370,7 +378,13 @@ async def _run_command(
         on_spawned(proc.pid)  # no checkpoint since the fork came back: wait_supervisor owns it next
     try:
         stopped, exec_reported, reaper_code = await wait_supervisor(
-            proc, started_fd, stop=stop, stop_grace_s=stop_grace_s, on_started=on_started
+            proc,
+            started_fd,
+            stop=stop,
+            stop_grace_s=stop_grace_s,
+            on_started=on_started,
+            notice=notice,
+            job_dir=job_dir,
         )
     finally:
         # Also when cancelled: the cgroup goes with the job (its leftovers are killed first).

@@ -15,7 +15,7 @@ from agent.messages import AssignOrder, CancelOrder, JobOrder, Refusal
 from protocol import pb
 from runtime import identifiers
 from runtime.errors import InvalidArgument
-from runtime.validation import check_tail_lines
+from runtime.validation import check_cancel_grace_ms, check_tail_lines
 from runtime.wire_jobs import job_spec_from_pb
 
 
@@ -90,14 +90,19 @@ class WorkerService:
         )
 
     async def cancel(self, request: pb.CancelRequest) -> pb.CancelReply:
-        """Cancel: stop the running ones (waiting until they ended), refuse the never started
-        ones forever, and name those that had ended on their own as finished."""
+        """Cancel: stop the running ones (waiting until they ended; with ``grace_ms`` > 0, a
+        preemption's, SIGTERM at once and the kill that long after), refuse the never started
+        ones forever, and name those that had ended on their own as finished. InvalidArgument
+        (nothing stopped or remembered) when ``grace_ms`` is over
+        :data:`runtime.validation.MAX_CANCEL_GRACE_MS`."""
+        grace_ms = check_cancel_grace_ms(request.grace_ms)
         decision = await self._agent.cancel(
             CancelOrder(
                 epoch=request.epoch,
                 worker_id=request.worker_id,
                 incarnation=request.incarnation,
                 assignment_ids=tuple(request.assignment_ids),
+                grace_ms=grace_ms,
             )
         )
         return pb.CancelReply(

@@ -16,14 +16,88 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+import attrs
 import trio
 
 from agent import deadman
+from agent.sleep_jobs import either
 from runtime.settings.agent import JOB_PROCESSES
 
 _POLL_INTERVAL_S = JOB_PROCESSES.exit_poll_s
 REAPER_SLACK_S = JOB_PROCESSES.reaper_slack_s
 """How long past its due time the agent waits for a supervisor before it steps in, in seconds."""
+
+
+@attrs.define(eq=False)
+class StopNotice:
+    """A stop with a grace of its own (a preemption's), for a job whose supervisor honours it:
+    the job gets SIGTERM at once and is killed ``grace_s`` after, unless the ordinary stop (the
+    job's ``stop`` event) comes meanwhile and kills it after ``stop_grace_s`` from then, if that
+    is earlier. Given at most once (:meth:`give`)."""
+
+    given: trio.Event = attrs.field(factory=trio.Event)
+    """Set once the stop was asked for."""
+    grace_s: float = 0.0
+    """The grace asked for, in seconds (> 0 once ``given`` is set)."""
+
+    def give(self, grace_s: float) -> None:
+        """Ask for the stop with ``grace_s`` seconds of grace (> 0); a second call does nothing.
+
+        Raises:
+            ValueError: ``grace_s`` is not a finite number above 0.
+        """
+        if not 0.0 < grace_s < float("inf"):
+            raise ValueError(f"grace_s must be a finite number above 0, got {grace_s!r}")
+        if not self.given.is_set():
+            self.grace_s = grace_s
+            self.given.set()
+
+
+def _tell_grace(job_dir: Path | None, grace_s: float) -> bool:
+    """Write ``grace_s`` for the supervisor in ``job_dir``; False when there is no folder or
+    the file cannot be written."""
+    if job_dir is None:
+        return False
+    try:
+        deadman.write_stop_grace(job_dir, grace_s)
+    except OSError:
+        return False
+    return True
+
+
+async def pass_stop_on(
+    send: Callable[[int], None],
+    *,
+    stop: trio.Event,
+    stop_grace_s: float,
+    notice: StopNotice | None = None,
+    job_dir: Path | None = None,
+) -> None:
+    """Wait for ``stop`` (or ``notice``) and pass it on to a job's supervisor with ``send``:
+    SIGTERM (the supervisor's SIGTERM to the job and SIGKILL after ``stop_grace_s``); SIGUSR1
+    when it is not done :data:`REAPER_SLACK_S` after the grace; SIGKILL another
+    :data:`REAPER_SLACK_S` later. A ``notice`` first: its grace written into ``job_dir``
+    (:func:`agent.deadman.write_stop_grace`), then :data:`agent.deadman.NOTICE_SIGNAL`; a
+    ``stop`` during its grace hurries it (SIGTERM: killed ``stop_grace_s`` from then at the
+    latest). Returns once the supervisor was SIGKILLed; cancel it when it exits."""
+    if notice is None:
+        await stop.wait()
+    else:
+        await either(stop, notice.given)
+    if notice is not None and not stop.is_set():
+        # Not written: the supervisor stops the job with its own grace, and so it is timed.
+        grace_s = notice.grace_s if _tell_grace(job_dir, notice.grace_s) else stop_grace_s
+        due_s = trio.current_time() + grace_s + REAPER_SLACK_S
+        send(deadman.NOTICE_SIGNAL)
+        with trio.move_on_at(due_s):
+            await stop.wait()
+    if stop.is_set():
+        send(signal.SIGTERM)
+        await trio.sleep(stop_grace_s + REAPER_SLACK_S)
+    send(signal.SIGUSR1)  # not done yet: kill the job now
+    await trio.sleep(REAPER_SLACK_S)
+    # A supervisor that does not answer: SIGKILL it; its job's main process dies with it.
+    send(signal.SIGKILL)
 
 
 def popen_supervisor(
@@ -86,13 +160,13 @@ def _read_started(fd: int) -> bytes:
         return b""
 
 
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
+def _signal_group(pgid: int, sig: int) -> None:
     """Signal process group ``pgid``; a group that is already gone is fine."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
 
 
-def _signal_process(pid: int, sig: signal.Signals) -> None:
+def _signal_process(pid: int, sig: int) -> None:
     """Signal process ``pid`` (an unreaped child of ours, so the id cannot be reused)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
@@ -129,14 +203,16 @@ async def wait_supervisor(
     stop: trio.Event,
     stop_grace_s: float,
     on_started: Callable[[], None],
+    notice: StopNotice | None = None,
+    job_dir: Path | None = None,
 ) -> tuple[bool, bool, int]:
-    """Wait until a job's supervisor has exited, passing on a stop (SIGTERM; SIGUSR1 when it is
-    not done :data:`REAPER_SLACK_S` after the grace; SIGKILL of its group another
-    :data:`REAPER_SLACK_S` later) and calling ``on_started`` once its start pipe ``started_fd``
-    said the start is over (it closes it); then reap it.
+    """Wait until a job's supervisor has exited, passing on a stop or a ``notice`` (a stop with
+    its own grace, written into ``job_dir``: :func:`pass_stop_on`; SIGKILL goes to the
+    supervisor's group) and calling ``on_started`` once its start pipe ``started_fd`` said the
+    start is over (it closes it); then reap it.
 
-    Returns whether the stop was asked for, whether the start pipe said the job started, and
-    the supervisor's exit status.
+    Returns whether a stop (or the notice) was asked for, whether the start pipe said the job
+    started, and the supervisor's exit status.
 
     Raises:
         trio.Cancelled: after having the supervisor kill the job (shielded).
@@ -157,17 +233,16 @@ async def wait_supervisor(
         await trio.lowlevel.wait_readable(started_fd)
         start_is_over(_read_started(started_fd))
 
-    async def stop_when_asked() -> None:
+    def send(sig: int) -> None:
         nonlocal stopped
-        await stop.wait()
         stopped = True
-        # The reaper sends SIGTERM to the job's group and SIGKILL after stop_grace_s.
-        _signal_process(pid, signal.SIGTERM)
-        await trio.sleep(stop_grace_s + REAPER_SLACK_S)
-        _signal_process(pid, signal.SIGUSR1)  # not done yet: kill the job now
-        await trio.sleep(REAPER_SLACK_S)
-        # A reaper that does not answer: SIGKILL it; its job's main process dies with it.
-        _signal_group(pid, signal.SIGKILL)
+        if sig == signal.SIGKILL:
+            _signal_group(pid, sig)
+        else:
+            _signal_process(pid, sig)
+
+    async def stop_when_asked() -> None:
+        await pass_stop_on(send, stop=stop, stop_grace_s=stop_grace_s, notice=notice, job_dir=job_dir)
 
     try:
         async with trio.open_nursery() as nursery:

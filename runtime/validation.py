@@ -42,6 +42,9 @@ of them is bounded by the output it keeps (``max_output_mb``) all the same."""
 MAX_DRAIN_DEADLINE_S = 7 * 24 * 3600
 """The longest drain deadline, in seconds (one week): past it, cordon without a deadline."""
 MAX_DRAIN_DEADLINE_MS = MAX_DRAIN_DEADLINE_S * 1000
+MAX_CANCEL_GRACE_MS = 600_000
+"""The longest grace a Cancel may give the jobs it stops (``CancelRequest.grace_ms``, a
+preemption's), in milliseconds (ten minutes): the Cancel is answered only once they ended."""
 
 
 def check_job_id(job_id: int) -> int:
@@ -156,6 +159,16 @@ def check_drain_deadline_s(deadline_s: float) -> float:
             "deadline_s", deadline_s, f"must be between 0 and {MAX_DRAIN_DEADLINE_S} seconds (one week)"
         )
     return deadline_s
+
+
+def check_cancel_grace_ms(grace_ms: int) -> int:
+    """A Cancel's ``grace_ms`` (0: the worker's own ``stop_grace_s``); InvalidArgument outside
+    0..:data:`MAX_CANCEL_GRACE_MS` (ten minutes)."""
+    if not 0 <= grace_ms <= MAX_CANCEL_GRACE_MS:
+        raise InvalidArgument(
+            "grace_ms", grace_ms, f"must be between 0 and {MAX_CANCEL_GRACE_MS} ms (ten minutes)"
+        )
+    return grace_ms
 
 
 def check_drain_deadline_ms(deadline_ms: int) -> int:

@@ -85,6 +85,24 @@ def bench_pack(
     burst: Annotated[bool, typer.Option(help="Run the burst scenario.")] = True,
     burst_jobs: Annotated[int, typer.Option(min=1, max=1_000_000, help="Jobs in the burst.")] = 10_000,
     scale: Annotated[bool, typer.Option(help="Run the scale curve.")] = True,
+    only_scale: Annotated[
+        bool, typer.Option(help="Run the scale curve alone (no stream, no burst).")
+    ] = False,
+    scale_accounts: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=1_000,
+            help="Accounts the scale curve's pending jobs belong to, round-robin, weighted 1, 2, 3 in turn "
+            "(fair share orders them).",
+        ),
+    ] = 1,
+    scale_pending: Annotated[
+        str, typer.Option(help="The scale curve's pending-job counts, comma-separated.")
+    ] = "1000,10000,100000",
+    scale_workers: Annotated[
+        str, typer.Option(help="The scale curve's worker counts, comma-separated.")
+    ] = "100,1000",
     arrival_rate: Annotated[
         float,
         typer.Option(
@@ -132,6 +150,19 @@ def bench_pack(
             f"got {arrival_rate}",
             EXIT_INVALID,
         )
+    counts: dict[str, tuple[int, ...]] = {}
+    for name, text, top in (
+        ("--scale-pending", scale_pending, 1_000_000),
+        ("--scale-workers", scale_workers, 10_000),
+    ):
+        try:
+            counts[name] = tuple(int(v) for v in text.split(",") if v.strip())
+        except ValueError:
+            counts[name] = ()
+        if not counts[name] or any(not 1 <= v <= top for v in counts[name]):
+            fail(
+                f"{name} must list whole numbers from 1 to {top}, comma-separated, got {text!r}", EXIT_INVALID
+            )
     out = _json_out(json_path, "pack")
     runtime_log.configure(level="WARNING")  # the scale curve runs a placer in this process
     settings = pack.PackSettings(
@@ -142,7 +173,11 @@ def bench_pack(
         fleet_size=fleet_size,
         burst=burst,
         burst_jobs=burst_jobs,
-        scale=scale,
+        scale=scale or only_scale,
+        only_scale=only_scale,
+        scale_accounts=scale_accounts,
+        scale_pending=counts["--scale-pending"],
+        scale_workers=counts["--scale-workers"],
         arrival_rate_per_s=arrival_rate,
         insecure=insecure,
         docker=docker,
@@ -153,6 +188,42 @@ def bench_pack(
             settings, state_dir or (default_state_dir() / "bench-pack"), err_console().print
         )
     _show_and_save(pack, report, out)
+
+
+@bench_app.command("fair-share")
+def bench_fair_share(
+    jobs: Annotated[int, typer.Option(min=1, max=100_000, help="Jobs each account submits.")] = 5000,
+    workers: Annotated[int, typer.Option(min=1, max=200, help="Workers (one fleet).")] = 10,
+    duration_ms: Annotated[int, typer.Option(min=1, max=600_000, help="Each job's sleep, ms.")] = 2000,
+    window_s: Annotated[float, typer.Option(min=1, max=3600, help="Measurement window, seconds.")] = 60.0,
+    alone: Annotated[bool, typer.Option(help="Also run one account alone, fair share on and off.")] = True,
+    alone_jobs: Annotated[int, typer.Option(min=1, max=100_000, help="Jobs of the lone account.")] = 2000,
+    json_path: JsonPathOption = None,
+    state_dir: Annotated[Path | None, _state_dir_option("bench clusters", "fair-share")] = None,
+) -> None:
+    """Two accounts, weights 1 and 3, submit their jobs at once into a cluster they saturate:
+    print bob's allocation over alice's in every window (fair share aims at 3), and the CPU use
+    one account alone reaches with fair share on and off."""
+    from ops.bench import fair_share
+
+    settings = fair_share.FairShareSettings(
+        jobs=jobs,
+        workers=workers,
+        duration_ms=duration_ms,
+        window_s=window_s,
+        alone=alone,
+        alone_jobs=alone_jobs,
+    )
+    out = _json_out(json_path, "fair-share")
+    with interruptible(), errors():
+        report = fair_share.run_fair_share(
+            settings, state_dir or (default_state_dir() / "bench-fair-share"), err_console().print
+        )
+    console().print(fair_share.render(report))
+    out.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    console().print(f"wrote {out}")
+    if not report.ok:
+        raise typer.Exit(EXIT_UNAVAILABLE)
 
 
 @bench_app.command("overload")

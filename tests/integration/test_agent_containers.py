@@ -19,6 +19,7 @@ from agent.deadman import FENCED_AT_FILE, write_fence_deadline
 from agent.job_results import JobResult
 from agent.messages import JobState
 from agent.runtimes import ContainerJob, RunOptions, run_job
+from agent.supervised import StopNotice
 from runtime.jobs import ContainerRuntime
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="container jobs need Linux")
@@ -79,6 +80,7 @@ async def _run(
     stop: trio.Event | None = None,
     fence_deadline_path: Path | None = None,
     run_options: RunOptions | None = None,
+    notice: StopNotice | None = None,
 ) -> JobResult:
     return await run_job(
         ContainerRuntime(image=image, argv=argv),
@@ -89,6 +91,7 @@ async def _run(
         job_env={"STOCKADE_JOB_ID": str(job.job_id), "STOCKADE_ASSIGNMENT_ID": str(job.assignment_id)},
         container=job,
         run_options=run_options,
+        notice=notice,
     )
 
 
@@ -210,6 +213,45 @@ async def test_a_stop_stops_the_container(job_image: str, container_worker: str,
     assert time.monotonic() - began < 10
     (result,) = results
     assert result.state is JobState.CANCELLED and result.stopped
+    assert _state(container_name(job)) is None
+
+
+_TRAPS_SIGTERM = (
+    "import signal, sys, time\n"
+    "def term(*_):\n"
+    "    print('term', flush=True)\n"
+    "    {on_term}\n"
+    "signal.signal(signal.SIGTERM, term)\n"
+    "print('up', flush=True)\n"
+    "while True: time.sleep(0.05)\n"
+)
+
+
+@pytest.mark.parametrize(("on_term", "exit_code"), [("sys.exit(0)", 0), ("pass", 137)])
+async def test_a_stop_with_its_own_grace_terms_the_container_then_kills_it(
+    job_image: str, container_worker: str, tmp_path: Path, on_term: str, exit_code: int
+) -> None:
+    """A stop with a grace of its own (a preemption's) sends the container SIGTERM at once: one
+    that exits on it ends stopped with its exit code 0; one that runs on is killed after the
+    grace (137). Either way the job is cancelled, not failed, and the container gone."""
+    job = _job(container_worker)
+    notice = StopNotice()
+    results: list[JobResult] = []
+    stdout = tmp_path / f"{job.job_id}-{job.assignment_id}" / "stdout.log"
+    program = _TRAPS_SIGTERM.format(on_term=on_term)
+
+    async def run() -> None:
+        results.append(await _run(job_image, ("python3", "-c", program), job, tmp_path, notice=notice))
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            await _wait_for(lambda: stdout.exists() and "up" in _read(stdout))
+            notice.give(2.0)
+    (result,) = results
+    assert result.state is JobState.CANCELLED and result.stopped
+    assert result.exit_code == exit_code
+    assert _read(stdout).split() == ["up", "term"]
     assert _state(container_name(job)) is None
 
 

@@ -20,6 +20,7 @@ from agent.fence import trio_time_of
 from agent.job_results import JobResult
 from agent.messages import JobState
 from agent.runtimes import RunOptions, run_job
+from agent.supervised import StopNotice
 from runtime.jobs import CommandRuntime, SleepRuntime
 from runtime.os_users import RunAs, resolve_unprivileged_user
 from runtime.settings.agent import SHARED_JOB_USER
@@ -254,6 +255,62 @@ async def test_a_deadline_that_moves_on_keeps_the_job_running(tmp_path: Path) ->
             fence_deadline_path=deadline_file,
         )
     assert not result.fenced and result.stopped and result.exit_code == -signal.SIGTERM
+
+
+async def test_the_fence_deadline_wins_over_a_preemptions_grace(tmp_path: Path) -> None:
+    """A job given a stop with a grace of its own (ten minutes) that traps SIGTERM and runs on
+    is killed by its reaper once the fence deadline passes, fenced, not after the grace."""
+    deadline_file = tmp_path / "fence_deadline"
+    _deadline_in(deadline_file, 60.0)
+    out = tmp_path / "out"
+    argv = ("sh", "-c", f"trap 'echo term >> {out}' TERM; echo up >> {out}; while :; do sleep 0.05; done")
+    notice = StopNotice()
+
+    async def preempt_then_fence() -> None:
+        await _wait_for(lambda: out.exists() and "up" in _read(out))
+        notice.give(600.0)
+        await _wait_for(lambda: "term" in _read(out))
+        _deadline_in(deadline_file, 0.0)  # the worker lost contact: kill now, no pause
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(preempt_then_fence)
+            result = await run_job(
+                CommandRuntime(argv=argv),
+                job_dir=tmp_path / "j",
+                stop=trio.Event(),
+                stop_grace_s=1.0,
+                fence_deadline_path=deadline_file,
+                notice=notice,
+            )
+    assert result.fenced and result.stopped and result.exit_code == -signal.SIGKILL
+    assert _read(out).split() == ["up", "term"]
+
+
+async def test_a_stop_during_a_preemptions_grace_kills_after_the_stop_grace(tmp_path: Path) -> None:
+    """A job given a stop with a grace of its own (ten minutes) that traps SIGTERM and runs on,
+    then stopped as usual (an agent shutting down): it gets no second SIGTERM and is killed
+    after the ordinary stop grace, stopped, not fenced."""
+    out = tmp_path / "out"
+    argv = ("sh", "-c", f"trap 'echo term >> {out}' TERM; echo up >> {out}; while :; do sleep 0.05; done")
+    notice = StopNotice()
+    stop = trio.Event()
+
+    async def preempt_then_stop() -> None:
+        await _wait_for(lambda: out.exists() and "up" in _read(out))
+        notice.give(600.0)
+        await _wait_for(lambda: "term" in _read(out))
+        stop.set()
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(preempt_then_stop)
+            result = await run_job(
+                CommandRuntime(argv=argv), job_dir=tmp_path / "j", stop=stop, stop_grace_s=0.3, notice=notice
+            )
+    assert result.stopped and not result.fenced and result.state is JobState.CANCELLED
+    assert result.exit_code == -signal.SIGKILL
+    assert _read(out).split() == ["up", "term"]
 
 
 async def test_a_job_is_not_started_past_its_fence_deadline(tmp_path: Path) -> None:

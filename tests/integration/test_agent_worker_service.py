@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.errors import InvalidArgument
 from runtime.settings.agent import AgentSettings
 from runtime.text import read_jsonl
+from runtime.validation import MAX_CANCEL_GRACE_MS
 
 RPC_TIMEOUT_S = 5.0
 
@@ -82,12 +84,18 @@ class Harness:
         reply: pb.AssignReply = await self.channel.call(stub.assign, request, timeout_s=RPC_TIMEOUT_S)
         return reply
 
-    async def cancel(self, *ids: int, epoch: int = 1) -> pb.CancelReply:
+    async def cancel(self, *ids: int, epoch: int = 1, grace_ms: int = 0) -> pb.CancelReply:
         request = pb.CancelRequest(
-            epoch=epoch, worker_id="w-1", incarnation=self.agent.incarnation or 0, assignment_ids=list(ids)
+            epoch=epoch,
+            worker_id="w-1",
+            incarnation=self.agent.incarnation or 0,
+            assignment_ids=list(ids),
+            grace_ms=grace_ms,
         )
         stub = self.channel.stub(pb.WorkerStub)
-        reply: pb.CancelReply = await self.channel.call(stub.cancel, request, timeout_s=RPC_TIMEOUT_S)
+        # A preemption is answered once its jobs ended: up to its grace after the call.
+        timeout_s = RPC_TIMEOUT_S + grace_ms / 1000
+        reply: pb.CancelReply = await self.channel.call(stub.cancel, request, timeout_s=timeout_s)
         return reply
 
     def log(self) -> list[dict[str, Any]]:
@@ -291,3 +299,122 @@ async def test_shutdown_stops_running_command(tmp_path: Path) -> None:
         await h.cp.wait_for(lambda: any(9 in hb.running_assignment_ids for hb in h.cp.heartbeats))
     stop = [r for r in h.log() if r["event"] == "stop"]
     assert [(r["assignment_id"], r["reason"], r["exit_code"]) for r in stop] == [(9, "shutdown", -15)]
+
+
+# A command that says on its stdout when it is up, and each SIGTERM it gets; ``on_term`` is what
+# it does then besides (nothing: it runs on until it is killed).
+TRAPPING_JOB = "trap 'echo term; {on_term}' TERM; echo up; while :; do sleep 0.05; done"
+
+
+def stdout_lines(h: Harness, aid: int) -> list[str]:
+    path = h.work_dir / "jobs" / f"{aid * 10}-{aid}" / "stdout.log"
+    return path.read_text().split() if path.exists() else []
+
+
+async def wait_for_line(h: Harness, aid: int, line: str, timeout_s: float = 10.0) -> None:
+    """Poll the job's stdout (a file: nothing to wait on) until it holds ``line``."""
+    with trio.fail_after(timeout_s):
+        while True:
+            if line in stdout_lines(h, aid):
+                return
+            await trio.sleep(0.02)
+
+
+async def test_a_preempted_job_gets_sigterm_and_is_killed_after_its_grace(tmp_path: Path) -> None:
+    """A Cancel with grace_ms stops a job that traps SIGTERM and runs on: it got SIGTERM first
+    (it said so), was killed later (SIGKILL, exit -9), and is acknowledged, its stop line saying
+    ``preempted`` with the grace; no outcome is reported."""
+    async with cluster(tmp_path) as h:
+        await h.assign(command_assignment(11, ["sh", "-c", TRAPPING_JOB.format(on_term=":")]))
+        await wait_for_line(h, 11, "up")
+        reply = await h.cancel(11, grace_ms=1500)
+        assert (list(reply.acknowledged_ids), list(reply.finished_ids)) == ([11], [])
+        assert stdout_lines(h, 11) == ["up", "term"]
+        assert h.agent.running_assignment_ids == ()
+        await trio.sleep(0.2)
+        assert 11 not in h.cp.finished()
+    stop = [r for r in h.log() if r["event"] == "stop"]
+    assert [(r["assignment_id"], r["reason"], r["grace_ms"], r["exit_code"]) for r in stop] == [
+        (11, "preempted", 1500, -9)
+    ]
+
+
+async def test_a_preempted_job_that_exits_on_sigterm_is_acknowledged_not_finished(tmp_path: Path) -> None:
+    """A job that exits 0 on the preemption's SIGTERM is acknowledged (stopped by the Cancel),
+    never reported finished or succeeded, and the Cancel is answered once it ended."""
+    async with cluster(tmp_path) as h:
+        await h.assign(command_assignment(12, ["sh", "-c", TRAPPING_JOB.format(on_term="exit 0")]))
+        await wait_for_line(h, 12, "up")
+        reply = await h.cancel(12, grace_ms=60_000)
+        assert (list(reply.acknowledged_ids), list(reply.finished_ids)) == ([12], [])
+        assert stdout_lines(h, 12) == ["up", "term"]
+        assert h.agent.running_assignment_ids == ()
+        await trio.sleep(0.2)
+        assert 12 not in h.cp.finished()
+    stop = [r for r in h.log() if r["event"] == "stop"]
+    assert [(r["assignment_id"], r["reason"], r["grace_ms"], r["exit_code"]) for r in stop] == [
+        (12, "preempted", 60_000, 0)
+    ]
+
+
+async def test_a_preemption_outlasts_the_workers_own_stop_grace(tmp_path: Path) -> None:
+    """During a preemption's grace the job runs on past the worker's own ``stop_grace_s`` after
+    its SIGTERM (it is not killed then), and ends when it chooses to: acknowledged, exit 0."""
+    async with cluster(tmp_path) as h:
+        go = tmp_path / "go"
+        on_term = f"while [ ! -e {go} ]; do sleep 0.05; done; echo done; exit 0"
+        await h.assign(command_assignment(13, ["sh", "-c", TRAPPING_JOB.format(on_term=on_term)]))
+        await wait_for_line(h, 13, "up")
+        async with trio.open_nursery() as nursery:
+            replies: list[pb.CancelReply] = []
+
+            async def preempt() -> None:
+                replies.append(await h.cancel(13, grace_ms=60_000))
+
+            nursery.start_soon(preempt)
+            await wait_for_line(h, 13, "term")
+            await trio.sleep(h.agent.settings.stop_grace_s + 0.5)  # past the worker's own grace
+            assert h.agent.running_assignment_ids == (13,)
+            assert not replies
+            go.touch()
+        assert (list(replies[0].acknowledged_ids), list(replies[0].finished_ids)) == ([13], [])
+        assert stdout_lines(h, 13) == ["up", "term", "done"]
+    stop = [r for r in h.log() if r["event"] == "stop"]
+    assert [(r["assignment_id"], r["reason"], r["exit_code"]) for r in stop] == [(13, "preempted", 0)]
+
+
+async def test_a_grace_over_the_limit_is_refused_and_stops_nothing(tmp_path: Path) -> None:
+    """A Cancel whose grace_ms is over MAX_CANCEL_GRACE_MS: INVALID_ARGUMENT naming the field,
+    the value and the limit; the job runs on, and the id is not remembered as cancelled (an
+    Assign of it again is accepted)."""
+    async with cluster(tmp_path) as h:
+        await h.assign(command_assignment(14, ["sleep", "30"]))
+        with pytest.raises(InvalidArgument) as info:
+            await h.cancel(14, grace_ms=MAX_CANCEL_GRACE_MS + 1)
+        assert str(info.value) == "grace_ms must be between 0 and 600000 ms (ten minutes), got 600001"
+        assert h.agent.running_assignment_ids == (14,)
+        again = await h.assign(command_assignment(14, ["sleep", "30"]))
+        assert (list(again.accepted_ids), list(again.refused)) == ([14], [])
+        assert not [r for r in h.log() if r["event"] == "stop"]
+
+
+async def test_a_shutdown_during_a_preemption_stops_the_job_with_the_workers_own_grace(
+    tmp_path: Path,
+) -> None:
+    """An agent shut down while a preemption's grace (ten minutes) runs, its Cancel call gone,
+    does not wait the grace out: the job that ignores SIGTERM is killed after the worker's own
+    stop grace, and its stop line still says ``preempted``."""
+    with trio.fail_after(60):  # far less than the grace: the shutdown did not wait for it
+        async with cluster(tmp_path) as h:
+            await h.assign(command_assignment(15, ["sh", "-c", TRAPPING_JOB.format(on_term=":")]))
+            await wait_for_line(h, 15, "up")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(partial(h.cancel, 15, grace_ms=600_000))
+                await wait_for_line(h, 15, "term")
+                nursery.cancel_scope.cancel()  # the caller gives up: the job's stop goes on
+            assert h.agent.running_assignment_ids == (15,)
+    stop = [r for r in h.log() if r["event"] == "stop"]
+    assert [(r["assignment_id"], r["reason"], r["grace_ms"], r["exit_code"]) for r in stop] == [
+        (15, "preempted", 600_000, -9)
+    ]
+    assert stdout_lines(h, 15) == ["up", "term"]

@@ -119,6 +119,8 @@ class ScalePoint:
     round_p99_ms: float
     round_max_ms: float
     placed: int
+    accounts: int = 1
+    """Accounts the pending jobs belong to (round-robin), with weights 1, 2 and 3 in turn."""
 
 
 RATIO_KEYS = ("cpu_use_waiting", "memory_use_waiting", "finished_s")
@@ -280,7 +282,8 @@ def render(report: PackReport) -> Group:
     for point in report.scale:
         parts.append(
             Text(
-                f"scale: {point.pending:>6} pending x {point.workers:>4} workers: round p50 "
+                f"scale: {point.pending:>6} pending x {point.workers:>4} workers x {point.accounts:>3} "
+                f"accounts: round p50 "
                 f"{point.round_p50_ms} ms, p99 {point.round_p99_ms} ms, max {point.round_max_ms} ms, "
                 f"first (full read) {point.first_round_ms} ms"
             )
@@ -320,6 +323,20 @@ def plot(report: PackReport, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = max(len(results) for _, results in scenarios)
+    if rows == 0:  # the scale curve alone: its round p50 by pending jobs, a line per worker count
+        figure, axis = plt.subplots(figsize=(7, 4))
+        for workers in sorted({p.workers for p in report.scale}):
+            points = sorted((p.pending, p.round_p50_ms) for p in report.scale if p.workers == workers)
+            axis.plot(
+                [n for n, _ in points], [ms for _, ms in points], marker="o", label=f"{workers} workers"
+            )
+        axis.set_xscale("log")
+        axis.set_xlabel("pending jobs")
+        axis.set_ylabel("round p50, ms")
+        axis.legend()
+        figure.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(figure)
+        return
     figure, axes = plt.subplots(
         rows, len(scenarios), figsize=(9 * len(scenarios), 2.6 * rows), sharex="col", squeeze=False
     )

@@ -330,18 +330,30 @@ async def run_burst(settings: PackSettings, root: Path, progress: Callable[[str]
     )
 
 
-async def run_scale_point(database_url: str, pending: int, workers: int, rounds: int) -> ScalePoint:
-    """The real placer round against ``pending`` jobs and ``workers`` simulated busy workers."""
+async def run_scale_point(
+    database_url: str, pending: int, workers: int, rounds: int, accounts: int = 1
+) -> ScalePoint:
+    """The real placer round against ``pending`` jobs of ``accounts`` accounts (round-robin;
+    weights 1, 2 and 3 in turn) and ``workers`` simulated busy workers."""
     rng = random.Random(pending + workers)
     async with asyncio_bridge(), BenchPlacer.open(database_url, workers=workers, rng=rng) as bench:
         await bench.add_busy_workers()
         await bench.db.execute(
-            "INSERT INTO jobs (name, cpu_millis, memory_mb, runtime, sleep_ms, pending_seq)"
+            "INSERT INTO jobs (name, cpu_millis, memory_mb, runtime, sleep_ms, pending_seq, owner)"
             " SELECT 'scale', (ARRAY[250,500,1000,2000,4000])[1 + i % 5],"
-            " (ARRAY[256,512,1024,2048])[1 + i % 4], 'sleep', 1000, nextval('pending_seq')"
+            " (ARRAY[256,512,1024,2048])[1 + i % 4], 'sleep', 1000, nextval('pending_seq'),"
+            " 'account-' || (i % $2)"
             " FROM generate_series(1, $1) i",
             pending,
+            accounts,
         )
+        await bench.db.execute("DELETE FROM accounts")
+        if accounts > 1:
+            await bench.db.execute(
+                "INSERT INTO accounts (name, weight) SELECT 'account-' || k, 1 + k % 3"
+                " FROM generate_series(0, $1 - 1) k",
+                accounts,
+            )
         await bench.db.execute("ANALYZE")
         first_ms, _ = await bench.round(free_room=False)  # reads the whole queue once
         times = [(await bench.round())[0] for _ in range(rounds)]
@@ -354,6 +366,7 @@ async def run_scale_point(database_url: str, pending: int, workers: int, rounds:
         round_p99_ms=p99,
         round_max_ms=top,
         placed=bench.placer.stats.placements,
+        accounts=accounts,
     )
 
 
@@ -387,7 +400,7 @@ def run_pack(settings: PackSettings, root: Path, progress: Callable[[str], None]
             burst=None,
             scale=(),
         )
-    for name in settings.policies:
+    for name in () if settings.only_scale else settings.policies:
         all_at_once.append(trio.run(run_policy, settings, name, root / name, progress))
         if settings.arrival_rate_per_s > 0:
             arriving.append(
@@ -402,7 +415,11 @@ def run_pack(settings: PackSettings, root: Path, progress: Callable[[str], None]
                     )
                 )
             )
-    burst = trio.run(run_burst, settings, root / "burst", progress) if settings.burst else None
+    burst = (
+        trio.run(run_burst, settings, root / "burst", progress)
+        if settings.burst and not settings.only_scale
+        else None
+    )
     scale: list[ScalePoint] = []
     if settings.scale:
         server = EmbeddedPostgres(data_dir=root / "scale-pg", port=free_port())
@@ -410,8 +427,19 @@ def run_pack(settings: PackSettings, root: Path, progress: Callable[[str], None]
         try:
             for n_workers in settings.scale_workers:
                 for pending in settings.scale_pending:
-                    progress(f"scale: {pending} pending, {n_workers} workers")
-                    scale.append(trio.run(run_scale_point, url, pending, n_workers, settings.scale_rounds))
+                    progress(
+                        f"scale: {pending} pending, {n_workers} workers, {settings.scale_accounts} accounts"
+                    )
+                    scale.append(
+                        trio.run(
+                            run_scale_point,
+                            url,
+                            pending,
+                            n_workers,
+                            settings.scale_rounds,
+                            settings.scale_accounts,
+                        )
+                    )
         finally:
             server.stop()
     return PackReport(

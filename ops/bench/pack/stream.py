@@ -152,6 +152,11 @@ class PackSettings:
     scale_pending: tuple[int, ...] = (1_000, 10_000, 100_000)
     scale_workers: tuple[int, ...] = (100, 1_000)
     scale_rounds: int = 40
+    scale_accounts: int = 1
+    """Accounts the scale curve's pending jobs belong to, round-robin (fair share orders
+    them); 1: every job is one account's."""
+    only_scale: bool = False
+    """Run the scale curve alone (no stream, no burst)."""
     duration_scale: float = 1.0
     """Multiplies every job's duration (a smoke test runs the same stream faster)."""
     arrival_rate_per_s: float = 105.0
