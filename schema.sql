@@ -216,6 +216,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     -- the account that submitted it (docs/accounts.md): a user's id, an operator's own id,
     -- 'anonymous' on a server run with --insecure and for jobs stored before accounts existed
     owner                text        NOT NULL DEFAULT 'anonymous',
+    -- when a run of it was last preempted (database time): not again within preempt_cooldown_s
+    preempted_at         timestamptz,
     -- a job depends only on jobs older than itself (queries.SUBMIT_JOB names only jobs that
     -- exist), so its dependencies never form a cycle
     CONSTRAINT jobs_after_older_check CHECK (id > ALL (after_ids))
@@ -248,7 +250,8 @@ CREATE TABLE IF NOT EXISTS assignments (
     cpu_millis          integer     NOT NULL,
     memory_mb           integer     NOT NULL,
     epoch               bigint      NOT NULL,
-    -- 'stopped': ended with no attempt spent (a clean leave, a drain, a release, never started)
+    -- 'stopped': ended with no attempt spent (a clean leave, a drain, a release, never started,
+    -- a preemption: end_reason 'preempted')
     state               text        NOT NULL DEFAULT 'active'
                         CHECK (state IN ('active', 'finished', 'cancelled', 'lost', 'stopped')),
     created_at          timestamptz NOT NULL DEFAULT now(),
@@ -261,7 +264,11 @@ CREATE TABLE IF NOT EXISTS assignments (
     -- what its worker reported: set with the end of an active assignment, and on one the leader
     -- had ended as lost when the report came late (it stays lost)
     outcome             text        CHECK (outcome IN ('succeeded', 'failed')),
-    exit_code           integer
+    exit_code           integer,
+    -- a preemption the leader decided (docs/preemption.md): the preempting job, and when it
+    -- was decided; the reconciler stops the run and ends it as stopped ('preempted')
+    preempted_by        bigint,
+    preempt_requested_at timestamptz
 );
 -- Invariant 1: at most one active assignment per job.
 CREATE UNIQUE INDEX IF NOT EXISTS assignments_one_active_per_job
@@ -275,6 +282,9 @@ CREATE INDEX IF NOT EXISTS assignments_finished_by_worker
     ON assignments (worker_id, ended_at) WHERE state = 'finished';
 CREATE INDEX IF NOT EXISTS assignments_cancelled_by_worker
     ON assignments (worker_id, ended_at) WHERE state = 'cancelled';
+-- The preemptions to carry out (queries.PREEMPT_DUE_ASSIGNMENTS).
+CREATE INDEX IF NOT EXISTS assignments_preempt_requested
+    ON assignments (id) WHERE state = 'active' AND preempt_requested_at IS NOT NULL;
 
 -- ---------------------------------------------------------------- idempotency keys
 
@@ -340,7 +350,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 -- This file's version: the newest migration's (actors/migrations/).
-INSERT INTO schema_version (version) VALUES (7) ON CONFLICT (version) DO NOTHING;
+INSERT INTO schema_version (version) VALUES (8) ON CONFLICT (version) DO NOTHING;
 
 -- ================================================================ routines
 -- Everything below is functions, triggers and views, each CREATE OR REPLACE: applied with the

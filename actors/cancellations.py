@@ -1,5 +1,5 @@
 """Cancellations on workers: the reconciler's requests that a worker stop assignments (withdrawn,
-cancelled by a user, past their timeout, drained), each a background task the pass does not
+cancelled by a user, past their timeout, drained, preempted), each a background task the pass does not
 wait for, and the fenced write that ends what the worker acknowledged (:func:`ending_message`).
 docs/design.md, "The reconciler's pass".
 """
@@ -18,6 +18,7 @@ from actors.messages import (
     DispatcherInbox,
     EndAssignments,
     EndDrainedAssignments,
+    EndPreemptedAssignments,
     LedgerInbox,
     WorkerRef,
 )
@@ -36,6 +37,9 @@ TIMED_OUT = "timeout"
 DRAINED = "drained"
 """The end reason of an assignment a drain's deadline stopped."""
 
+PREEMPTED = "preempted"
+"""The end reason of an assignment a preemption stopped (docs/preemption.md)."""
+
 
 def ending_message(
     epoch: int,
@@ -45,12 +49,15 @@ def ending_message(
     reason: str,
     requeue_backoff_caps_s: tuple[float, ...],
     reply: Reply[tuple[int, ...]],
-) -> EndAssignments | EndDrainedAssignments:
+) -> EndAssignments | EndDrainedAssignments | EndPreemptedAssignments:
     """The fenced write that ends ``assignment_ids``, which their worker acknowledged
-    cancelling, for ``reason``: :class:`EndDrainedAssignments` for :data:`DRAINED`, else
-    :class:`EndAssignments` (``timed_out`` for :data:`TIMED_OUT`)."""
+    cancelling, for ``reason``: :class:`EndDrainedAssignments` for :data:`DRAINED`,
+    :class:`EndPreemptedAssignments` for :data:`PREEMPTED`, else :class:`EndAssignments`
+    (``timed_out`` for :data:`TIMED_OUT`)."""
     if reason == DRAINED:
         return EndDrainedAssignments(epoch=epoch, assignment_ids=assignment_ids, reply=reply)
+    if reason == PREEMPTED:
+        return EndPreemptedAssignments(epoch=epoch, assignment_ids=assignment_ids, reply=reply)
     return EndAssignments(
         epoch=epoch,
         assignment_ids=assignment_ids,
@@ -79,6 +86,8 @@ class Cancellations:
     """How many rows the next fenced write may carry."""
     epoch: int | None = None
     """The epoch of the term whose cancellations run (None: none)."""
+    preempt_grace_s: float = 0.0
+    """The stop's grace a preemption asks of the worker, seconds (0: the worker's own)."""
     _in_flight: dict[int, trio.CancelScope] = attrs.field(factory=dict)
     """Assignment id -> the scope of the background task cancelling it."""
     _log: Any = attrs.field(factory=lambda: log.get("reconciler"))
@@ -105,6 +114,15 @@ class Cancellations:
         group = [d for d in group if d.assignment.assignment_id not in self._in_flight]
         if not group:
             return
+        if reason == PREEMPTED:
+            self._log.info(
+                "stopping preempted runs",
+                epoch=epoch,
+                worker_id=worker.worker_id,
+                job_ids=[d.assignment.job_id for d in group],
+                assignment_ids=[d.assignment.assignment_id for d in group],
+                grace_s=self.preempt_grace_s,
+            )
         if reason == TIMED_OUT:
             self._log.warning(
                 "stopping runs past their timeout",
@@ -160,6 +178,7 @@ class Cancellations:
         ids = tuple(d.assignment.assignment_id for d in group)
         logger = self._log.bind(epoch=epoch, worker_id=worker.worker_id)
         reply: Reply[tuple[int, ...]] = Reply()
+        grace_s = self.preempt_grace_s if reason == PREEMPTED else 0.0
         await self.dispatcher.send(
             CancelOnWorker(
                 epoch=epoch,
@@ -167,15 +186,17 @@ class Cancellations:
                 assignment_ids=ids,
                 reply=reply,
                 job_ids=tuple(d.assignment.job_id for d in group),
+                grace_s=grace_s,
             )
         )
         acknowledged: tuple[int, ...] = ()
-        with trio.move_on_after(CANCEL_REPLY_WAIT_S) as waited:
+        # The worker answers a stop with a grace once its jobs stopped: wait that much longer.
+        with trio.move_on_after(CANCEL_REPLY_WAIT_S + grace_s) as waited:
             acknowledged = await reply.wait()
         if waited.cancelled_caught:
             logger.warning(
                 "cancellation unanswered: the dispatcher never replied",
-                waited_s=CANCEL_REPLY_WAIT_S,
+                waited_s=CANCEL_REPLY_WAIT_S + grace_s,
                 assignment_ids=list(ids),
             )
         if not acknowledged:

@@ -173,10 +173,15 @@ class Dispatcher:
 
     async def _cancel(self, message: CancelOnWorker) -> None:
         w = message.worker
-        request = pb.CancelRequest(**_addressed(message), assignment_ids=list(message.assignment_ids))
+        request = pb.CancelRequest(
+            **_addressed(message),
+            assignment_ids=list(message.assignment_ids),
+            grace_ms=round(message.grace_s * 1000),
+        )
         logger = self._log.bind(epoch=message.epoch, worker_id=w.worker_id)
         try:
-            reply = await self.calls.cancel(w.address, request, self.settings.rpc_timeout_s)
+            # A stop with a grace answers once the jobs stopped: up to the grace later.
+            reply = await self.calls.cancel(w.address, request, message.grace_s + self.settings.rpc_timeout_s)
         except StockadeError as exc:
             logger.warning(
                 "cancel failed",

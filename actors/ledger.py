@@ -24,9 +24,11 @@ from actors.messages import (
     EndAssignments,
     EndDrainedAssignments,
     EndOrphanedAssignments,
+    EndPreemptedAssignments,
     EpochSuperseded,
     LeaseInbox,
     LedgerInbox,
+    PreemptAssignments,
     ReconcileResult,
     RecordWorkerHealth,
     SetHeartbeatPolicy,
@@ -59,8 +61,17 @@ def decision_log_keys(message: LedgerInbox) -> dict[str, Any]:
             }
         case DeclareDeadWorkers(workers=workers):
             return {"worker_ids": [worker_id for worker_id, _ in workers]}
-        case EndAssignments(assignment_ids=ids) | EndDrainedAssignments(assignment_ids=ids):
+        case (
+            EndAssignments(assignment_ids=ids)
+            | EndDrainedAssignments(assignment_ids=ids)
+            | EndPreemptedAssignments(assignment_ids=ids)
+        ):
             return {"assignment_ids": list(ids)}
+        case PreemptAssignments(preemptions=preemptions):
+            return {
+                "assignment_ids": [a for a, _ in preemptions],
+                "job_ids": sorted({job_id for _, job_id in preemptions}),
+            }
         case SettleWaitingJobs(release=release, cancel=cancel):
             return {"job_ids": [*release, *(job_id for job_id, _ in cancel)]}
         case RecordWorkerHealth(changes=changes):
@@ -136,6 +147,10 @@ class Ledger:
                 return f"end {len(ids)} assignments ({reason})", len(ids), "assignment_ids"
             case EndDrainedAssignments(assignment_ids=ids):
                 return f"end {len(ids)} assignments (drained)", len(ids), "assignment_ids"
+            case PreemptAssignments(preemptions=preemptions):
+                return f"preempt {len(preemptions)} assignments", len(preemptions), "preemptions"
+            case EndPreemptedAssignments(assignment_ids=ids):
+                return f"end {len(ids)} assignments (preempted)", len(ids), "assignment_ids"
             case SettleWaitingJobs(release=release, cancel=cancel):
                 rows = len(release) + len(cancel)
                 return f"settle {rows} waiting jobs", rows, "release + cancel"
@@ -410,6 +425,30 @@ class Ledger:
         self, conn: PgConnection, message: EndDrainedAssignments
     ) -> tuple[int, ...]:
         rows = await conn.fetch(queries.END_DRAINED_ASSIGNMENTS, message.epoch, list(message.assignment_ids))
+        return tuple(int(r["id"]) for r in rows)
+
+    async def _preempt_assignments(self, conn: PgConnection, message: PreemptAssignments) -> tuple[int, ...]:
+        rows = await conn.fetch(
+            queries.PREEMPT_ASSIGNMENTS,
+            [assignment_id for assignment_id, _ in message.preemptions],
+            [job_id for _, job_id in message.preemptions],
+            message.cooldown_s,
+        )
+        return tuple(sorted(int(r["id"]) for r in rows))
+
+    async def _end_preempted_assignments(
+        self, conn: PgConnection, message: EndPreemptedAssignments
+    ) -> tuple[int, ...]:
+        rows = await conn.fetch(
+            queries.END_PREEMPTED_ASSIGNMENTS, message.epoch, list(message.assignment_ids)
+        )
+        requeued = {int(r["job_id"]): int(r["preempted_by"]) for r in rows if r["requeued"]}
+        if requeued:
+            await conn.execute(
+                queries.PREEMPTED_REASONS,
+                list(requeued),
+                [f"preempted by job {by}" for by in requeued.values()],
+            )
         return tuple(int(r["id"]) for r in rows)
 
     async def _record_worker_health(

@@ -196,6 +196,32 @@ class EndDrainedAssignments:
 
 
 @attrs.frozen(kw_only=True)
+class PreemptAssignments:
+    """Under ``epoch``: mark each ``(assignment_id, preempting job_id)`` of ``preemptions`` to be
+    preempted (``assignments.preempted_by``, ``preempt_requested_at``; its job's
+    ``preempted_at``), only if the assignment is still active and not marked already, and its
+    job has no cancel asked and was not preempted within ``cooldown_s`` (database time). The
+    reconciler then stops the runs (docs/preemption.md). The reply lists the ids marked."""
+
+    epoch: int
+    preemptions: tuple[tuple[int, int], ...]
+    cooldown_s: float
+    reply: Reply[tuple[int, ...]]
+
+
+@attrs.frozen(kw_only=True)
+class EndPreemptedAssignments:
+    """Under ``epoch``: end as stopped (``preempted``) active assignments marked to be preempted
+    that their worker acknowledged stopping, and requeue their jobs at once with no attempt
+    spent, no loss and no backoff, with the reason ``preempted by job N`` (a job whose cancel
+    was asked ends cancelled). The reply lists the ids ended."""
+
+    epoch: int
+    assignment_ids: tuple[int, ...]
+    reply: Reply[tuple[int, ...]]
+
+
+@attrs.frozen(kw_only=True)
 class RecordWorkerHealth:
     """Under ``epoch``: mark workers unhealthy or clear their marks, each ``(worker_id,
     health_version judged, unhealthy, reason)`` only if the version is still the one judged; a
@@ -225,6 +251,8 @@ LedgerInbox = (
     | EndAssignments
     | SettleWaitingJobs
     | EndDrainedAssignments
+    | PreemptAssignments
+    | EndPreemptedAssignments
     | RecordWorkerHealth
     | SetHeartbeatPolicy
 )
@@ -258,6 +286,9 @@ class CancelOnWorker:
     reply: Reply[tuple[int, ...]]
     job_ids: tuple[int, ...] = ()
     """The jobs of ``assignment_ids``, in their order (for the log lines only)."""
+    grace_s: float = 0.0
+    """The stop's grace asked of the worker (SIGTERM, then SIGKILL this long after), seconds;
+    0: the worker's own ``stop_grace_s``. The call waits this long more for its answer."""
 
 
 @attrs.frozen(kw_only=True)

@@ -17,17 +17,28 @@ import attrs
 import trio
 
 from actors.fair_share import AccountShare
-from actors.messages import CommitPlacements, CommittedAssignment, Connect, DispatcherInbox
+from actors.messages import (
+    CommitPlacements,
+    CommittedAssignment,
+    Connect,
+    DispatcherInbox,
+    PreemptAssignments,
+)
 from actors.pending_queue import PendingQueue
 from actors.placer_store import LiveWorker, PendingMark, PlacerStore, WaitingJob
+from actors.preemption import Preemption, candidates, plan_preemptions
 from actors.role import RoleView
 from actors.rooms import ReasonCache
-from actors.round_plan import plan_round_steps
+from actors.round_plan import RoundPlan, plan_round_steps
 from actors.write_size import FencedWrites
 from runtime import faults, log, metrics
 from runtime.errors import DatabaseUnavailable, StaleEpoch
 from runtime.loops import finish_in_slices
-from runtime.settings.leader import PlacerSettings
+from runtime.settings.leader import PREEMPT_HOLD_MARGIN_S, PlacerSettings
+
+PREEMPT_RECHECK_S = 1.0
+"""While the same jobs are preemption candidates, the placer reads what they may preempt at
+most this often (seconds): a round with nothing to preempt for costs no read."""
 
 FAIR_SHARE_PAST_REFRESH_S = 30.0
 """How often the placer reads the accounts' decayed past use (a scan of the runs of the last
@@ -100,6 +111,12 @@ class Placer(FencedWrites):
     _reasons: ReasonCache = attrs.field(factory=ReasonCache)
     """Unschedulable reasons by job shape while the workers stay the same (a memo)."""
     _reserving_checked_at: float = -math.inf
+    _holds_until: dict[str, tuple[int, float]] = attrs.field(factory=dict)
+    """worker_id -> (the job it is kept for alone, until when: trio time): the room its
+    preemption frees goes to that job (docs/preemption.md). Kept for the term that preempted."""
+    _held_epoch: int | None = None
+    _preempt_checked: tuple[tuple[int, ...], float] = ((), -math.inf)
+    """The candidates of the last preemption read, and when it was (trio time)."""
     _shares: dict[str, AccountShare] = attrs.field(factory=dict)
     """Fair share's accounts as last read, with what this placer placed since added."""
     _shares_read_at: float = -math.inf
@@ -107,7 +124,8 @@ class Placer(FencedWrites):
     _past: dict[str, tuple[float, float]] = attrs.field(factory=dict)
     """Account -> its decayed past use (cpu_millis, memory_mb) as last read."""
     held: dict[str, int] = attrs.field(factory=dict)
-    """worker_id -> the job it is kept for alone this term (a preemption's freed room)."""
+    """worker_id -> the job it is kept for alone this round (a preemption's freed room): the
+    holds of ``_holds_until`` still in force, worked out at each round's start (:meth:`_holds`)."""
     _log: Any = attrs.field(factory=lambda: log.get("placer"))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -180,6 +198,7 @@ class Placer(FencedWrites):
             await self._read_shares()
         read_done = trio.current_time()
         metrics.PLACER_PENDING_JOBS.set(len(self.queue))
+        self.held = self._holds(epoch, read_done)
         if not len(self.queue):
             metrics.ROUNDS.labels("empty").inc()
             return ()
@@ -196,6 +215,8 @@ class Placer(FencedWrites):
             held=self.held or None,
         )
         plan = await finish_in_slices(steps)  # a checkpoint between slices; only this task changes the queue
+        if s.preemption:
+            await self._preempt(epoch, workers, plan, self.held)
         metrics.PLACER_BACKOFF_JOBS.set(len(plan.backing_off))
         metrics.PLACER_PHASE_SECONDS.labels("read").observe(read_done - started)
         if plan.outcome == "unchanged":
@@ -246,6 +267,98 @@ class Placer(FencedWrites):
             )
         self._observe(started, len(committed), "placed" if committed else "reasons")
         return committed
+
+    def _holds(self, epoch: int, now: float) -> dict[str, int]:
+        """worker_id -> job_id of the workers kept for a preempting job this round: those of
+        this term whose job is still queued and whose hold has not run out."""
+        if epoch != self._held_epoch:
+            self._held_epoch, self._holds_until = epoch, {}
+        self._holds_until = {
+            worker_id: (job_id, until)
+            for worker_id, (job_id, until) in self._holds_until.items()
+            if until > now and job_id in self.queue
+        }
+        return {worker_id: job_id for worker_id, (job_id, _) in self._holds_until.items()}
+
+    async def _preempt(
+        self, epoch: int, workers: Sequence[LiveWorker], plan: RoundPlan, held: dict[str, int]
+    ) -> tuple[Preemption, ...]:
+        """After a round's decision: when it leaves candidates (high-priority jobs that fit no
+        free room, :func:`actors.preemption.candidates`), read what they may preempt, decide
+        (:func:`actors.preemption.plan_preemptions`), mark the victims in a fenced write and
+        keep each chosen worker for its job. Returns the preemptions written.
+
+        Raises:
+            StaleEpoch: the ledger refused the write; nothing was marked.
+            DatabaseUnavailable: the read or the write failed.
+        """
+        s = self.settings
+        now = trio.current_time()
+        open_workers = [w for w in workers if not w.cordoned and not (w.unhealthy and not w.probe_due)]
+        rooms = [w.room for w in open_workers if w.ref.worker_id not in held]
+        skip = {*plan.placed_job_ids, *plan.backing_off, *held.values()}
+        found = candidates(
+            self.queue, rooms, skip=skip, quotas=self.store.quotas, limit=s.max_preemptions_per_round
+        )
+        ids = tuple(c.job_id for c in found)
+        checked_ids, checked_at = self._preempt_checked
+        if not found or (ids == checked_ids and now - checked_at < PREEMPT_RECHECK_S):
+            return ()
+        self._preempt_checked = (ids, now)
+        running, shares = await self.store.preemptible(
+            max(c.priority for c in found), s.preempt_cooldown_s, [w.ref for w in open_workers]
+        )
+        if not running:
+            return ()
+        shares = attrs.evolve(
+            shares,
+            cluster_cpu_millis=sum(w.room.cpu_millis for w in workers),
+            cluster_memory_mb=sum(w.room.memory_mb for w in workers),
+        )
+        free = {
+            r.worker_id: (r.cpu_millis - r.cpu_allocated_millis, r.memory_mb - r.memory_allocated_mb)
+            for r in rooms
+        }
+        decisions = plan_preemptions(
+            found, free, running, shares, max_preemptions=s.max_preemptions_per_round
+        )
+        rows, kept = self.write_size().rows, []
+        for decision in decisions:
+            rows -= len(decision.victims)
+            if rows < 0:
+                break
+            kept.append(decision)
+        if not kept:
+            return ()
+        marked = set(
+            await self.write(
+                lambda reply: PreemptAssignments(
+                    epoch=epoch,
+                    preemptions=tuple((v.assignment_id, d.job_id) for d in kept for v in d.victims),
+                    cooldown_s=s.preempt_cooldown_s,
+                    reply=reply,
+                )
+            )
+        )
+        until = trio.current_time() + s.preempt_grace_s + PREEMPT_HOLD_MARGIN_S
+        written = []
+        for decision in kept:
+            victims = [v for v in decision.victims if v.assignment_id in marked]
+            if not victims:
+                continue
+            written.append(decision)
+            metrics.PREEMPTIONS.inc(len(victims))
+            if len(victims) == len(decision.victims):
+                self._holds_until[decision.worker_id] = (decision.job_id, until)
+            self._log.info(
+                "preempting",
+                epoch=epoch,
+                job_id=decision.job_id,
+                worker_id=decision.worker_id,
+                job_ids=[v.job_id for v in victims],
+                assignment_ids=[v.assignment_id for v in victims],
+            )
+        return tuple(written)
 
     async def _read_shares(self) -> None:
         """Read fair share's accounts when ``fair_share_refresh_s`` has passed (their decayed past

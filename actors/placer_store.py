@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -17,6 +17,7 @@ from actors import queries
 from actors.fair_share import AccountShare
 from actors.messages import WorkerRef
 from actors.pending_queue import PendingJob
+from actors.preemption import Running, Shares
 from actors.quotas import AccountQuota
 from actors.rooms import WorkerRoom
 from runtime.aio import ReadStore
@@ -103,6 +104,14 @@ class PlacerStore(Protocol):
         """In one round trip: :meth:`live_workers`, the pending jobs after ``mark`` (up to
         ``limit`` above it, and all of its transactions in flight), and the mark after them."""
 
+    async def preemptible(
+        self, priority: int, cooldown_s: float, workers: Sequence[WorkerRef]
+    ) -> tuple[list[Running], Shares]:
+        """The active assignments on ``workers`` (in their incarnations) that a job of
+        ``priority`` may preempt (a lower priority, not marked already, no cancel asked, not
+        preempted within ``cooldown_s``), and the accounts' shares (the cluster's capacity left
+        0: the caller knows it). Read only when a round leaves candidates (docs/preemption.md)."""
+
     async def account_shares(self, half_life_s: float, *, with_past: bool) -> dict[str, AccountShare]:
         """Each account's fair-share weight and what its jobs hold now, by name (those that
         hold something or weigh other than 1), with its decayed past use when ``with_past`` and
@@ -111,6 +120,21 @@ class PlacerStore(Protocol):
     async def close(self) -> None:
         """Close the store's connection (a later read opens another)."""
 
+
+_VICTIM_COLUMNS = (
+    "assignment_id",
+    "job_id",
+    "worker_id",
+    "cpu_millis",
+    "memory_mb",
+    "priority",
+    "account",
+    "started_at_s",
+)
+"""queries.PREEMPTIBLE's ``v_`` arrays, in :class:`actors.preemption.Running`'s order."""
+
+_SHARE_COLUMNS = ("account", "cpu_millis", "memory_mb", "weight")
+"""queries.PREEMPTIBLE's ``s_`` arrays."""
 
 _WORKER_COLUMNS = (
     "id",
@@ -280,6 +304,42 @@ class PgPlacerStore(ReadStore):
     async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
         rows = await (await self._connection()).fetch(queries.NO_LONGER_PENDING, job_ids)
         return [int(r["id"]) for r in rows]
+
+    async def preemptible(
+        self, priority: int, cooldown_s: float, workers: Sequence[WorkerRef]
+    ) -> tuple[list[Running], Shares]:
+        row = await (await self._connection()).fetchrow(
+            queries.PREEMPTIBLE,
+            priority,
+            cooldown_s,
+            [w.worker_id for w in workers],
+            [w.incarnation for w in workers],
+        )
+        assert row is not None
+        victims = [
+            Running(
+                assignment_id=int(aid),
+                job_id=int(job_id),
+                worker_id=worker_id,
+                cpu_millis=int(cpu),
+                memory_mb=int(memory),
+                priority=int(prio),
+                account=account,
+                started_at_s=float(started),
+            )
+            for aid, job_id, worker_id, cpu, memory, prio, account, started in zip(
+                *(row[f"v_{c}"] or () for c in _VICTIM_COLUMNS), strict=True
+            )
+        ]
+        accounts = list(zip(*(row[f"s_{c}"] or () for c in _SHARE_COLUMNS), strict=True))
+        shares = Shares(
+            cluster_cpu_millis=0,
+            cluster_memory_mb=0,
+            used={a: (int(cpu), int(memory)) for a, cpu, memory, _ in accounts if cpu or memory},
+            weights={a: float(weight) for a, _, _, weight in accounts},
+            active=frozenset(a for a, *_ in accounts),
+        )
+        return victims, shares
 
     async def account_shares(self, half_life_s: float, *, with_past: bool) -> dict[str, AccountShare]:
         conn = await self._connection()

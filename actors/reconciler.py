@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import trio
 
-from actors.cancellations import DRAINED, TIMED_OUT, Cancellations
+from actors.cancellations import DRAINED, PREEMPTED, TIMED_OUT, Cancellations
 from actors.deaths import DeathVerdict, SilenceFloor, TokenBucket, contact_gap_for_s, judge_deaths
 from actors.deliveries import by_worker, plan_deliveries
 from actors.dependencies import CASCADE_STEPS, plan_waiting
@@ -118,7 +118,10 @@ class Reconciler(FencedWrites):
 
     def __attrs_post_init__(self) -> None:
         self._cancels = Cancellations(
-            dispatcher=self.dispatcher, write=self.write, rows=lambda: self.write_size().rows
+            dispatcher=self.dispatcher,
+            write=self.write,
+            rows=lambda: self.write_size().rows,
+            preempt_grace_s=self.settings.preempt_grace_s,
         )
 
     @property
@@ -279,11 +282,13 @@ class Reconciler(FencedWrites):
             # margin is stopped by the leader; ended once its worker acknowledged (invariant 6).
             overdue = await self.store.overdue(TIMEOUT_MARGIN_S)
             drained = await self.store.drain_due()
+            preempted = await self.store.preempt_due()
             cancellations: list[tuple[WorkerRef, Sequence[Delivery], bool, str]] = [
                 *((worker, group, True, "unconfirmed") for worker, group in plan.withdraw),
                 *((worker, group, False, "cancelled_by_user") for worker, group in by_worker(cancelled)),
                 *((worker, group, False, TIMED_OUT) for worker, group in by_worker(overdue)),
                 *((worker, group, True, DRAINED) for worker, group in by_worker(drained)),
+                *((worker, group, True, PREEMPTED) for worker, group in by_worker(preempted)),
             ]
             caps = self.requeue_backoff_caps_s
             for worker, group, requeue, reason in cancellations:

@@ -81,6 +81,9 @@ class ReconcilerStore(Protocol):
         """Active assignments of workers whose drain deadline has passed (not those whose
         cancel a user asked: :meth:`cancel_requested` has them)."""
 
+    async def preempt_due(self) -> list[Delivery]:
+        """Active assignments marked to be preempted (not those whose cancel a user asked)."""
+
     async def heartbeat_policy_inputs(self, seen_within_s: float) -> PolicyInputs:
         """The heartbeat policy in force and the heartbeat costs of the control planes seen in
         the last ``seen_within_s`` seconds (database time)."""
@@ -210,6 +213,9 @@ class PgReconcilerStore(ReadStore):
 
     async def drain_due(self) -> list[Delivery]:
         return await self._deliveries(queries.DRAIN_DUE_ASSIGNMENTS)
+
+    async def preempt_due(self) -> list[Delivery]:
+        return await self._deliveries(queries.PREEMPT_DUE_ASSIGNMENTS)
 
     async def worker_runs(self, most: int, window_s: float) -> list[WorkerRuns]:
         rows = await (await self._connection()).fetch(queries.WORKER_RUNS, most, window_s, list(JOB_FAULTS))

@@ -183,6 +183,9 @@ class CheckReport:
     (:func:`wrong_final_states`), or the state their submitter expected."""
     unfinished_states: dict[str, int] = attrs.field(factory=dict)
     """The unfinished jobs by state (``pending``, ``waiting``, ``assigned``, ``running``)."""
+    preemptions: int = 0
+    """Assignments a preemption ended (stopped, ``preempted``): counted, not judged; a preempted
+    run followed by a new run of its job is not a double run (:func:`ops.invariants.double_runs`)."""
     finish_required: bool = True
     """Whether an unfinished job fails the check (the caller waited for every job); False: a look
     at a cluster that may still be running some, which reports them as running."""
@@ -230,6 +233,7 @@ class CheckReport:
             "pauses": self.pauses,
             "extra_assignments": self.extra_assignments,
             "worker_leaves": self.worker_leaves,
+            "preemptions": self.preemptions,
             "jobs_killed_by_outage": self.jobs_killed_by_outage,
             "acknowledged_submissions_lost": self.acknowledged_submissions_lost,
             "wrong_final_states": self.wrong_final_states,
@@ -270,6 +274,7 @@ def report_rows(report: CheckReport) -> list[VerdictRow]:
             None,
         ),
         ("extra_assignments", str(report.extra_assignments), None),
+        ("preemptions", str(report.preemptions), None),
     ]
 
 

@@ -8,6 +8,8 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
+import attrs
+
 from ops.checker import (
     FAULT_SLACK_S,
     FENCE_REASONS,
@@ -116,10 +118,30 @@ def wrong_final_states(history: History, expected: Mapping[int, str] | None = No
     return found
 
 
-def double_runs(runs: Iterable[Run]) -> dict[int, str]:
-    """Jobs that ran at overlapping times under two assignments or on two workers, with why."""
+def preempted_ends(assignments: Iterable[AssignmentRecord]) -> dict[int, float]:
+    """Assignment id -> when the database ended it, for the assignments a preemption ended
+    (state ``stopped``, end reason ``preempted``): their worker acknowledged the stop first."""
+    return {
+        a.assignment_id: a.ended_at
+        for a in assignments
+        if a.state == "stopped" and a.end_reason == "preempted" and a.ended_at is not None
+    }
+
+
+def double_runs(runs: Iterable[Run], preempted: Mapping[int, float] | None = None) -> dict[int, str]:
+    """Jobs that ran at overlapping times under two assignments or on two workers, with why.
+
+    A run of a preempted assignment (``preempted``: assignment id -> the database's end of it,
+    :func:`preempted_ends`) ended at the latest when the database ended the assignment: its
+    worker acknowledged the stop before that fenced end, and the job's next placement came
+    after it (invariant 6). So a preempted run followed by a new run is not a double run, even
+    where its stop record is missing or dated a little later by the worker's clock; a new run
+    that began before the preemption's end still is.
+    """
     by_job: dict[int, list[Run]] = defaultdict(list)
     for run in runs:
+        if preempted and run.assignment_id in preempted:
+            run = attrs.evolve(run, ended_at=min(run.ended_at, preempted[run.assignment_id]))
         by_job[run.job_id].append(run)
     found: dict[int, str] = {}
     for job_id, group in by_job.items():
@@ -254,7 +276,8 @@ def check(
             False: it is reported as running.
     """
     placed_twice = double_placements(history.assignments)
-    ran_twice = double_runs(runs)
+    preempted = preempted_ends(history.assignments)
+    ran_twice = double_runs(runs, preempted)
     wrongly_dead = false_deaths(history.deaths, faults)
     thrown_away = lost_successes(runs, history.assignments, faults, history.job_states)
     outage_kills = killed_by_outage(runs, faults)
@@ -297,6 +320,7 @@ def check(
         pauses=pauses,
         extra_assignments=extra_assignments(history.assignments),
         worker_leaves=history.leaves,
+        preemptions=len(preempted),
         jobs_killed_by_outage=len(outage_kills),
         acknowledged_submissions_lost=len(lost_ids),
         wrong_final_states=len(wrong_states),

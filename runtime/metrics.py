@@ -41,6 +41,10 @@ PLACER_BACKOFF_JOBS = Gauge(
     "stockade_placer_backoff_jobs", "Pending jobs the placer holds that wait out their requeue backoff."
 )
 PLACEMENTS = Counter("stockade_placements", "Assignments committed by this replica's placer.")
+PREEMPTIONS = Counter(
+    "stockade_preemptions",
+    "Running assignments this replica's placer marked to be preempted (fenced; docs/preemption.md).",
+)
 
 WORKER_DEATHS = Counter(
     "stockade_worker_deaths_declared", "Workers this replica's reconciler declared dead (fenced)."

@@ -253,6 +253,59 @@ requeued AS (SELECT requeue_unspent(array_agg(job_id)) FROM ended)
 SELECT e.id FROM ended e, requeued
 """
 
+# $1 assignment ids, $2 the preempting job of each, $3 preempt_cooldown_s. The leader's
+# preemptions (actors/placer.py, actors/preemption.py; docs/preemption.md), each rule re-checked
+# on the rows as this transaction finds them: only an assignment still active and not marked
+# already, whose job has no cancel asked and was not preempted within the cooldown (database
+# time). Marks it (the reconciler stops it: queries.PREEMPT_DUE_ASSIGNMENTS) and dates its job's
+# preemption. Returns the ids marked.
+PREEMPT_ASSIGNMENTS = """
+WITH marked AS (
+    UPDATE assignments a
+       SET preempted_by = p.by, preempt_requested_at = now()
+      FROM unnest($1::bigint[], $2::bigint[]) AS p(id, by), jobs j
+     WHERE a.id = p.id AND a.state = 'active' AND a.preempt_requested_at IS NULL
+       AND j.id = a.job_id AND NOT j.cancel_requested
+       AND (j.preempted_at IS NULL OR j.preempted_at <= now() - make_interval(secs => $3::float8))
+ RETURNING a.id, a.job_id
+),
+dated AS (
+    UPDATE jobs j SET preempted_at = now() FROM marked m WHERE j.id = m.job_id
+)
+SELECT id FROM marked
+"""
+
+# $1 epoch, $2 assignment ids. The end of a preemption (actors/reconciler.py): only for
+# assignments marked to be preempted whose worker acknowledged the stop (invariant 6); one that
+# ended on its own during the grace is no longer active, and its outcome stands. They end as
+# stopped ('preempted', its detail naming the preempting job, which the job's events show after
+# the placer cleared the job's pending reason), and their jobs go to schema.sql's
+# requeue_unspent: no attempt spent, no loss, no backoff. Returns each one ended, its job, the
+# preempting job and whether the job was requeued (PREEMPTED_REASONS then says why, in a
+# statement of its own: requeue_unspent's update is a later command than this statement's
+# snapshot).
+END_PREEMPTED_ASSIGNMENTS = """
+WITH ended AS (
+    UPDATE assignments
+       SET state = 'stopped', ended_at = now(), ended_epoch = $1, end_reason = 'preempted',
+           detail = 'preempted by job ' || preempted_by
+     WHERE id = ANY($2::bigint[]) AND state = 'active' AND preempt_requested_at IS NOT NULL
+ RETURNING id, job_id, preempted_by
+),
+requeued AS (SELECT requeue_unspent(array_agg(job_id)) AS ids FROM ended)
+SELECT e.id, e.job_id, e.preempted_by, e.job_id = ANY(r.ids) AS requeued
+  FROM ended e, requeued r
+ ORDER BY e.id
+"""
+
+# $1 job ids, $2 their pending reasons. The reason of jobs a preemption put back to pending
+# (END_PREEMPTED_ASSIGNMENTS), in the same fenced transaction.
+PREEMPTED_REASONS = """
+UPDATE jobs j SET reason = r.reason
+  FROM unnest($1::bigint[], $2::text[]) AS r(id, reason)
+ WHERE j.id = r.id AND j.state = 'pending'
+"""
+
 # $1 worker ids, $2 the health_version each was judged at, $3 whether to mark it unhealthy (true)
 # or clear its mark (false), $4 the reasons of marks, $5 health_probe_after_s (0: no probe).
 # The leader's judgement of worker health (actors/health.py), each change applied only if the

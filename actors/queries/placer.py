@@ -77,6 +77,41 @@ SELECT w.*, p.*, q.*, pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xmax,
 # $1 job ids. Those no longer pending.
 NO_LONGER_PENDING = "SELECT id FROM jobs WHERE id = ANY($1::bigint[]) AND state <> 'pending'"
 
+# $1 the highest priority of the round's preemption candidates, $2 preempt_cooldown_s, $3 the
+# round's live worker ids, $4 their incarnations. Read only in a round that left candidates
+# (actors/placer.py; docs/preemption.md), as parallel arrays in one row (NULL when none): the
+# active assignments that may be preempted (on those workers in those incarnations, of a lower
+# priority than $1, not marked already, their job without a cancel asked and not preempted
+# within the cooldown), each with its job's priority and account and when its run started (or,
+# not started yet, was placed; unix seconds); and every account with pending, assigned or
+# running jobs, with what its assigned and running jobs hold and its fair-share weight.
+PREEMPTIBLE = """
+SELECT v.*, s.*
+  FROM (SELECT array_agg(a.id ORDER BY a.id) AS v_assignment_id,
+               array_agg(a.job_id ORDER BY a.id) AS v_job_id,
+               array_agg(a.worker_id ORDER BY a.id) AS v_worker_id,
+               array_agg(j.cpu_millis ORDER BY a.id) AS v_cpu_millis,
+               array_agg(j.memory_mb ORDER BY a.id) AS v_memory_mb,
+               array_agg(j.priority ORDER BY a.id) AS v_priority,
+               array_agg(j.owner ORDER BY a.id) AS v_account,
+               array_agg(extract(epoch FROM coalesce(j.started_at, a.created_at))::float8 ORDER BY a.id)
+                   AS v_started_at_s
+          FROM assignments a
+          JOIN unnest($3::text[], $4::bigint[]) AS w(id, incarnation)
+            ON w.id = a.worker_id AND w.incarnation = a.worker_incarnation
+          JOIN jobs j ON j.id = a.job_id
+         WHERE a.state = 'active' AND a.preempt_requested_at IS NULL
+           AND j.priority < $1 AND NOT j.cancel_requested
+           AND (j.preempted_at IS NULL OR j.preempted_at <= now() - make_interval(secs => $2::float8))) v,
+       (SELECT array_agg(u.owner) AS s_account, array_agg(u.cpu_millis) AS s_cpu_millis,
+               array_agg(u.memory_mb) AS s_memory_mb, array_agg(coalesce(acc.weight, 1)) AS s_weight
+          FROM (SELECT owner,
+                       coalesce(sum(cpu_millis) FILTER (WHERE state <> 'pending'), 0)::bigint AS cpu_millis,
+                       coalesce(sum(memory_mb) FILTER (WHERE state <> 'pending'), 0)::bigint AS memory_mb
+                  FROM jobs WHERE state IN ('pending', 'assigned', 'running') GROUP BY owner) u
+          LEFT JOIN accounts acc ON acc.name = u.owner) s
+"""
+
 # What each account's assigned and running jobs hold (index jobs_in_use_by_owner), with its
 # fair-share weight (1 for an account without a row): fair share's current use
 # (actors/fair_share.py), read every fair_share_refresh_s. One row per account that holds

@@ -75,8 +75,9 @@ runs AS (
                    AND j.finished_at IS DISTINCT FROM a.ended_at)
            ) AS requeued,
            -- The requeues that write jobs.not_before (a retry's delay, a loss's backoff, NULL
-           -- after a clean leave); a drain, a release and a start that never happened keep it.
-           NOT (a.state = 'stopped' AND a.end_reason IN ('drained', 'released', 'not_started'))
+           -- after a clean leave); a drain, a preemption, a release and a start that never
+           -- happened keep it.
+           NOT (a.state = 'stopped' AND a.end_reason IN ('drained', 'preempted', 'released', 'not_started'))
                AS writes_not_before
       FROM assignments a, j
      WHERE a.job_id = $1

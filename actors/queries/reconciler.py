@@ -1,5 +1,5 @@
 """The reconciler's reads (:mod:`actors.reconciler`): heartbeat ages, unconfirmed and
-cancel-requested assignments, and those of drains whose deadline has passed.
+cancel-requested assignments, those of drains whose deadline has passed, and those to preempt.
 """
 
 from __future__ import annotations
@@ -118,6 +118,19 @@ DRAIN_DUE_ASSIGNMENTS = (
  WHERE a.state = 'active' AND NOT j.cancel_requested
    AND w.state = 'alive' AND w.incarnation = a.worker_incarnation
    AND w.drain_deadline_at <= now()
+ ORDER BY a.id
+"""
+)
+
+# Active assignments marked to be preempted (queries.PREEMPT_ASSIGNMENTS) on live workers of
+# the right incarnation: stopped on their worker with the preemption's grace, then ended and
+# requeued (queries.END_PREEMPTED_ASSIGNMENTS). Jobs a user asked to cancel are left to
+# CANCEL_REQUESTED_ASSIGNMENTS. Index assignments_preempt_requested.
+PREEMPT_DUE_ASSIGNMENTS = (
+    _ASSIGNMENT_PAYLOAD
+    + """
+ WHERE a.state = 'active' AND a.preempt_requested_at IS NOT NULL AND NOT j.cancel_requested
+   AND w.state = 'alive' AND w.incarnation = a.worker_incarnation
  ORDER BY a.id
 """
 )

@@ -279,6 +279,13 @@ class ControlPlaneSettings:
                 f"holds the lease's share lock up to {MAX_STATEMENTS_PER_FENCED_WRITE} x it, and one "
                 f"begun as the leader steps down must end before its lease expires",
             )
+        if self.placer.preempt_grace_s != self.reconciler.preempt_grace_s:
+            raise InvalidArgument(
+                "reconciler.preempt_grace_s",
+                self.reconciler.preempt_grace_s,
+                f"must be placer.preempt_grace_s = {self.placer.preempt_grace_s:g} (the placer holds"
+                " a preempted worker for the grace the reconciler asks of it)",
+            )
         check_not_above(
             self,
             "placer.max_placements_per_round",

@@ -13,12 +13,21 @@ from runtime.settings.agent import DEFAULT_SELF_FENCE_MARGIN_S, DEFAULT_STOP_GRA
 from runtime.settings.fields import (
     DEFAULT_READ_STATEMENT_TIMEOUT_S,
     between,
+    between_s,
     check_not_above,
     check_not_below,
     fraction,
     non_negative,
     positive,
 )
+
+MAX_PREEMPT_GRACE_S = 600.0
+"""The longest ``preempt_grace_s`` allowed, in seconds: a preemption's cancel call waits the
+grace and more for its answer, and the preempting job keeps its worker held meanwhile."""
+
+PREEMPT_HOLD_MARGIN_S = 10.0
+"""How long past ``preempt_grace_s`` a preempting job keeps the worker it preempted on held
+for itself (seconds): room for the cancel's answer and the fenced end of the victims."""
 
 PLACEMENT_POLICIES = ("best_fit", "first_fit", "worst_fit")
 """The placement policies :func:`actors.placement.place` knows, the default first."""
@@ -159,6 +168,17 @@ class PlacerSettings:
     )
     """Longest one of the placer's reads may run (its connection's ``statement_timeout``), in
     seconds."""
+    preemption: bool = False
+    """Whether a pending job of higher priority that fits no free room may stop running jobs of
+    lower priority (docs/preemption.md). Off by default: a preemption throws away the victims'
+    work since their last checkpoint, which only an operator who set priorities for it wants."""
+    preempt_grace_s: float = attrs.field(default=5.0, validator=between_s(0.0, MAX_PREEMPT_GRACE_S))
+    """A preempted job gets SIGTERM, then SIGKILL this long after (seconds, > 0 and <= 600); the
+    preempting job keeps its worker held this long plus :data:`PREEMPT_HOLD_MARGIN_S`."""
+    preempt_cooldown_s: float = attrs.field(default=60.0, validator=non_negative)
+    """A job is preempted at most once per this many seconds (database time)."""
+    max_preemptions_per_round: int = attrs.field(default=8, validator=between(1, 500))
+    """Most pending jobs one round preempts for (1 to 500)."""
 
     @policy.validator
     def _policy(self, attribute: attrs.Attribute[str], value: str) -> None:
@@ -255,6 +275,10 @@ class ReconcilerSettings:
     than ``dead_after_s`` (at least 3, room for a late heartbeat before the self-fence)."""
     heartbeat_policy_every_s: float = attrs.field(default=1.0, validator=positive)
     """How often the leader chooses the heartbeat interval again, in seconds."""
+    preempt_grace_s: float = attrs.field(default=5.0, validator=between_s(0.0, MAX_PREEMPT_GRACE_S))
+    """The stop's grace a preemption's cancel asks of the worker (seconds, > 0 and <= 600):
+    SIGTERM, then SIGKILL this long after. The same as ``PlacerSettings.preempt_grace_s``
+    (:class:`runtime.settings.ControlPlaneSettings` refuses two different ones)."""
     health_probe_after_s: float = attrs.field(default=300.0, validator=non_negative)
     """This long after a worker was marked unhealthy (or a probe failed there), one job at a
     time may be placed on it again as a probe, whose success clears the mark, in seconds. 0: no

@@ -93,7 +93,9 @@ async def ingest_and_leader(
 
 
 @asynccontextmanager
-async def placer_with_ledger(database_url: str) -> AsyncIterator[Placer]:
+async def placer_with_ledger(
+    database_url: str, settings: PlacerSettings | None = None
+) -> AsyncIterator[Placer]:
     """A placer whose rounds (``await placer.round(1)``) a ledger of its own commits under epoch 1
     (the test holds the lease: :data:`HOLD_LEASE`), on the caller's loop with the asyncio bridge
     open; what it dispatches goes nowhere; both stopped on leaving."""
@@ -112,7 +114,7 @@ async def placer_with_ledger(database_url: str) -> AsyncIterator[Placer]:
         _, roles_recv = trio.open_memory_channel[RoleChange](8)
         store = PgPlacerStore(database_url=database_url, application_name="test placer")
         placer = Placer(
-            settings=PlacerSettings(),
+            settings=settings or PlacerSettings(),
             store=store,
             role=RoleView(changes=roles_recv, lease_inbox=lease_send),
             ledger=ledger_send,

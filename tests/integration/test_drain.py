@@ -48,6 +48,8 @@ class DrainLeader:
 
     epoch: int
     stopped: list[tuple[str, tuple[int, ...]]] = attrs.field(factory=list)
+    graces_s: list[float] = attrs.field(factory=list)
+    """The stop's grace each cancel asked for (0: the worker's own)."""
     superseded: list[EpochSuperseded] = attrs.field(factory=list)
 
     async def run(self, url: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -80,6 +82,7 @@ class DrainLeader:
             async for message in dispatch_recv:
                 if isinstance(message, CancelOnWorker):
                     self.stopped.append((message.worker.worker_id, message.assignment_ids))
+                    self.graces_s.append(message.grace_s)
                     message.reply.set(message.assignment_ids)
 
         try:

@@ -109,6 +109,7 @@ def test_a_clean_run_passes() -> None:
         "pauses": 0,
         "extra_assignments": 1,
         "worker_leaves": 0,
+        "preemptions": 0,
         "jobs_killed_by_outage": 0,
         "acknowledged_submissions_lost": 0,
         "wrong_final_states": 0,
@@ -183,6 +184,59 @@ def test_a_run_taken_over_by_a_restarted_agent_ends_at_its_stop_line() -> None:
     logs = [record("start", "w-1", 3, 5, 1.0), record("stop", "w-1", 3, 5, 20.0, reason="succeeded")]
     (run,) = runs_from_records(logs, KILL_W1)
     assert (run.started_at, run.ended_at, run.stop_reason) == (1.0, 20.0, "succeeded")
+
+
+PREEMPTED = History(
+    assignments=(
+        assignment(5, 3, "w-1", 1, "stopped", 0.0, 4.0, end_reason="preempted"),
+        assignment(6, 3, "w-2", 1, "finished", 4.1, 10.0),
+    ),
+    job_states={3: "succeeded"},
+)
+
+
+def test_a_preempted_run_followed_by_a_new_run_is_no_double_run() -> None:
+    """A preempted run whose stop record the worker dated a little after the database's end of
+    the preemption (or wrote none) ended by that end: the job's next run, placed after it, is no
+    double run; the preemption is counted."""
+    logs = [
+        record("start", "w-1", 3, 5, 0.5),
+        record("stop", "w-1", 3, 5, 4.3),  # the worker's clock, a round trip off the database's
+        record("start", "w-2", 3, 6, 4.2),
+        record("stop", "w-2", 3, 6, 9.0),
+    ]
+    report = check(PREEMPTED, runs_from_records(logs))
+    assert (report.double_runs, report.preemptions, report.ok) == (0, 1, True)
+    assert ("preemptions", "1", None) in report_rows(report)
+    no_stop = [r for r in logs if not (r["event"] == "stop" and r["assignment_id"] == 5)]
+    assert check(PREEMPTED, runs_from_records(no_stop)).double_runs == 0
+
+
+def test_a_run_beside_a_preempted_one_before_its_end_is_a_double_run() -> None:
+    """A new run that began before the preemption's end, or a run of a job that no preemption
+    ended, at the same time as another, is still a double run."""
+    early = [
+        record("start", "w-1", 3, 5, 0.5),
+        record("stop", "w-1", 3, 5, 4.0),
+        record("start", "w-2", 3, 6, 2.0),
+        record("stop", "w-2", 3, 6, 9.0),
+    ]
+    report = check(PREEMPTED, runs_from_records(early))
+    assert report.double_runs == 1 and not report.ok
+    not_preempted = attrs.evolve(
+        PREEMPTED,
+        assignments=(
+            assignment(5, 3, "w-1", 1, "stopped", 0.0, 4.0, end_reason="drained"),
+            PREEMPTED.assignments[1],
+        ),
+    )
+    late = [
+        record("start", "w-1", 3, 5, 0.5),
+        record("stop", "w-1", 3, 5, 4.3),
+        record("start", "w-2", 3, 6, 4.2),
+        record("stop", "w-2", 3, 6, 9.0),
+    ]
+    assert check(not_preempted, runs_from_records(late)).double_runs == 1
 
 
 def test_a_death_no_fault_explains_is_a_false_death() -> None:

@@ -7,6 +7,8 @@ one). Nothing may reach the dispatcher.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 import pytest
 import trio
@@ -30,6 +32,7 @@ from actors.messages import (
 from actors.pending_queue import PendingJob
 from actors.placer import Placer
 from actors.placer_store import LiveWorker, PendingMark, WaitingJob
+from actors.preemption import Running, Shares
 from actors.quotas import AccountQuota
 from actors.role import RoleView
 from actors.rooms import WorkerRoom
@@ -53,6 +56,11 @@ class FakeStore:
 
     async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
         return []
+
+    async def preemptible(
+        self, priority: int, cooldown_s: float, workers: Sequence[WorkerRef]
+    ) -> tuple[list[Running], Shares]:
+        raise AssertionError("preemption is off: nothing is read for it")
 
     async def account_shares(self, half_life_s: float, *, with_past: bool) -> dict[str, AccountShare]:
         return {}

@@ -5,6 +5,8 @@ worker gets no more than its send window allows."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 import trio
 import trio.testing
@@ -24,6 +26,7 @@ from actors.messages import (
 from actors.pending_queue import PendingJob
 from actors.placer import Placer
 from actors.placer_store import LiveWorker, PendingMark, WaitingJob
+from actors.preemption import Running, Shares
 from actors.quotas import AccountQuota
 from actors.role import RoleView
 from actors.rooms import WorkerRoom
@@ -81,6 +84,11 @@ class FakeStore:
     async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
         self.reads.append(("gone", 0, tuple(job_ids)))
         return [j for j in job_ids if j in self.gone]
+
+    async def preemptible(
+        self, priority: int, cooldown_s: float, workers: Sequence[WorkerRef]
+    ) -> tuple[list[Running], Shares]:
+        raise AssertionError("preemption is off: nothing is read for it")
 
     async def account_shares(self, half_life_s: float, *, with_past: bool) -> dict[str, AccountShare]:
         return {}

@@ -38,6 +38,7 @@ from actors.messages import (
     EndAssignments,
     EndDrainedAssignments,
     EndOrphanedAssignments,
+    EndPreemptedAssignments,
     LeaseInbox,
     LedgerInbox,
     QueryRole,
@@ -89,6 +90,7 @@ class FakeStore:
     margins_s: list[float] = attrs.field(factory=list)
     waiting: list[WaitingJob] = attrs.field(factory=list)
     drain_due_on: dict[int, WorkerRef] = attrs.field(factory=dict)
+    preempt_due_on: dict[int, WorkerRef] = attrs.field(factory=dict)
     """Assignments whose worker's drain deadline has passed, and that worker."""
     cancel_requested_on: dict[int, WorkerRef] = attrs.field(factory=dict)
     """Assignments whose job a user cancelled, and their worker."""
@@ -131,6 +133,9 @@ class FakeStore:
     async def drain_due(self) -> list[Delivery]:
         return [_delivery(aid, ref, 60.0) for aid, ref in self.drain_due_on.items()]
 
+    async def preempt_due(self) -> list[Delivery]:
+        return [_delivery(aid, ref, 60.0) for aid, ref in self.preempt_due_on.items()]
+
     async def heartbeat_policy_inputs(self, seen_within_s: float) -> PolicyInputs:
         return PolicyInputs(current=self.policy, costs_us=self.costs_us, waits_ms=self.waits_ms)
 
@@ -151,13 +156,13 @@ class Harness:
     roles: trio.MemorySendChannel[RoleChange]
 
 
-def make_harness(store: FakeStore) -> Harness:
+def make_harness(store: FakeStore, settings: ReconcilerSettings | None = None) -> Harness:
     lease_send, lease_recv = trio.open_memory_channel[LeaseInbox](8)
     ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
     dispatch_send, dispatch_recv = trio.open_memory_channel[DispatcherInbox](64)
     roles_send, roles_recv = trio.open_memory_channel[RoleChange](8)
     reconciler = Reconciler(
-        settings=SETTINGS,
+        settings=settings or SETTINGS,
         store=store,
         role=RoleView(changes=roles_recv, lease_inbox=lease_send),
         ledger=ledger_send,
@@ -1076,6 +1081,34 @@ async def test_a_drain_whose_worker_acknowledges_nothing_ends_nothing(
             cancel = await h.dispatcher.receive()
             assert isinstance(cancel, CancelOnWorker) and cancel.assignment_ids == (7,)
             cancel.reply.set(())
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_preemption_stops_with_its_grace_and_ends_what_the_worker_acknowledged(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An assignment marked to be preempted is cancelled on its worker with the preemption's
+    grace; once acknowledged it is ended by a fenced EndPreemptedAssignments under the pass's
+    epoch (no attempt spent), never by EndAssignments."""
+    w1 = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
+    store = FakeStore(last_heartbeat={"w-1": 0.0}, preempt_due_on={7: w1})
+    h = make_harness(store, settings=attrs.evolve(SETTINGS, preempt_grace_s=3.5))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_role, h.lease, 4)
+        await nursery.start(h.reconciler.run)
+        declare = await h.ledger.receive()
+        assert isinstance(declare, DeclareDeadWorkers)
+        declare.reply.set(
+            ReconcileResult(dead_worker_ids=(), requeued_job_ids=(), orphaned_assignment_ids=())
+        )
+        cancel = await h.dispatcher.receive()
+        assert isinstance(cancel, CancelOnWorker)
+        assert (cancel.assignment_ids, cancel.epoch, cancel.grace_s) == ((7,), 4, 3.5)
+        cancel.reply.set((7,))
+        end = await h.ledger.receive()
+        assert isinstance(end, EndPreemptedAssignments)
+        assert (end.assignment_ids, end.epoch) == ((7,), 4)
+        end.reply.set((7,))
         nursery.cancel_scope.cancel()
 
 

@@ -61,6 +61,19 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
     ),
     **_placer("reserve_after_s", help="Only a job queued this long may reserve a worker, seconds."),
     **_placer(
+        "preemption",
+        help="Let a pending job of higher priority that fits no free room stop running jobs of lower "
+        "priority (docs/preemption.md); off by default.",
+    ),
+    **_placer(
+        "preempt_grace_s",
+        help="A preempted job gets SIGTERM, then SIGKILL this long after, seconds (at most 600).",
+    ),
+    **_placer("preempt_cooldown_s", min=0.0, help="Preempt a job at most once per this long, seconds."),
+    **_placer(
+        "max_preemptions_per_round", min=1, max=500, help="Most pending jobs one placer round preempts for."
+    ),
+    **_placer(
         "fair_share",
         help="Divide the cluster between competing accounts by weighted Dominant Resource Fairness "
         "(--no-fair-share: by priority, then submission order).",
@@ -332,7 +345,8 @@ def control_plane(
                 )
             ),
             placer=PlacerSettings(**group("placer")),
-            reconciler=ReconcilerSettings(**group("reconciler")),
+            # The reconciler sends the grace the placer's option sets (one option, two users).
+            reconciler=ReconcilerSettings(**group("reconciler"), preempt_grace_s=options["preempt_grace_s"]),
             database_watch=DatabaseWatchSettings(**group("database_watch")),
         )
         check_nice(options["nice"])
