@@ -235,6 +235,10 @@ def plan_round_steps(
     # backoff keeps the reason its requeue wrote). Found among the jobs with a stored reason
     # that are neither unschedulable nor backing off, column by column.
     stored = (queue.reason_code >= 0) & (queue.not_before <= now)
+    # A preempted job keeps its reason (preempted by job N) until it is placed again.
+    kept = [code for code, text in enumerate(queue.reason_texts) if text.startswith(PREEMPTED_BY)]
+    if kept:
+        stored &= ~np.isin(queue.reason_code, kept)
     stored[plan.unschedulable.at] = False
     if plan.over_quota is not None:
         stored[plan.over_quota.at] = False
@@ -265,6 +269,10 @@ def plan_round_steps(
         reservations=tuple(sorted(plan.reservations.values())),
         workers=by_id,
     )
+
+
+PREEMPTED_BY = "preempted by job "
+"""How the reason of a job a preemption put back to pending begins (actors/ledger.py)."""
 
 
 plan_round = in_one_go(plan_round_steps)

@@ -18,8 +18,16 @@ from typing import Any
 import attrs
 import trio
 
+from ops import certs as certs_module
 from ops import checker, faults
-from ops.chaosresult import FAILING_MAX_ATTEMPTS, ChaosResult, ChaosSettings
+from ops.chaosresult import (
+    CHAOS_PREEMPT_COOLDOWN_S,
+    CHAOS_PREEMPT_GRACE_S,
+    FAILING_MAX_ATTEMPTS,
+    HIGH_PRIORITY_EVERY,
+    ChaosResult,
+    ChaosSettings,
+)
 from ops.faults import FaultError, fault_environment
 from ops.launcher.control import LocalCluster
 from ops.launcher.docker import DockerCluster
@@ -32,6 +40,7 @@ from runtime.aio import asyncio_bridge
 from runtime.client import ControlPlaneClient
 from runtime.errors import StockadeError
 from runtime.text import read_jsonl
+from runtime.tls import TlsFiles
 
 
 @attrs.define
@@ -177,7 +186,29 @@ class Harness:
             )
         elif isinstance(self.cluster, LocalCluster):
             self.cluster.extra_env.update(fault_environment(self.fault_dir))
+        if self.settings.preemption and isinstance(self.cluster, LocalCluster):
+            self.cluster.cp_args = (
+                *self.cluster.cp_args,
+                "--preemption",
+                "--preempt-grace-s",
+                str(CHAOS_PREEMPT_GRACE_S),
+                "--preempt-cooldown-s",
+                str(CHAOS_PREEMPT_COOLDOWN_S),
+            )
         self.cluster.up(control_planes=self.settings.control_planes, workers=self.settings.workers)
+        self._issue_accounts()
+
+    def _issue_accounts(self) -> None:
+        """With ``accounts`` > 1: a user certificate for each account (chaos-1, chaos-2, ...),
+        unless the cluster runs without TLS."""
+        config = self.cluster.config()
+        if self.settings.accounts < 2 or config.client_tls is None:
+            return
+        for name in self._account_names():
+            certs_module.issue(self.state.cert_dir, role="user", id=name)
+
+    def _account_names(self) -> list[str]:
+        return [f"chaos-{k}" for k in range(1, self.settings.accounts + 1)]
 
     def _steps(self) -> int:
         """Steps of the run: one per failover, and at least two per fault of any kind (a run
@@ -330,37 +361,63 @@ class Harness:
 
     async def _submit(self, addresses: Sequence[str], stop: trio.Event) -> None:
         s = self.settings
-        client = ControlPlaneClient(addresses, timeout_s=2.0, tls=self.cluster.config().client_tls)
+        config = self.cluster.config()
+        tls = config.client_tls
+        if s.accounts > 1 and tls is not None:
+            operator = ControlPlaneClient(addresses, timeout_s=2.0, tls=tls)
+            try:
+                for k, name in enumerate(self._account_names()):
+                    with contextlib.suppress(StockadeError):
+                        await operator.call(
+                            "set_account",
+                            pb.SetAccountRequest(name=name, has_weight=True, weight=float(1 + k % 3)),
+                        )
+            finally:
+                operator.close()
+            clients = [
+                ControlPlaneClient(addresses, timeout_s=2.0, tls=TlsFiles.in_dir(self.state.cert_dir, name))
+                for name in self._account_names()
+            ]
+        else:
+            clients = [ControlPlaneClient(addresses, timeout_s=2.0, tls=tls)]
+        try:
+            await self._submit_as(clients, stop)
+        finally:
+            for client in clients:
+                client.close()
+
+    async def _submit_as(self, clients: Sequence[ControlPlaneClient], stop: trio.Event) -> None:
+        s = self.settings
         interval = 1.0 / s.submit_rate_per_s
         next_at = trio.current_time()
-        try:
-            while not stop.is_set():
-                low, high = s.job_duration_s
-                duration_s = self._rng.uniform(low, high)
-                fails = self._rng.random() < s.failing_share
-                spec = pb.JobSpec(
-                    name=f"chaos-{self._submitted + 1}",
-                    cpu_millis=self._rng.choice([100, 250, 500, 1000]),
-                    memory_mb=self._rng.choice([64, 128, 256, 512]),
-                )
-                if fails:
-                    # A job made to fail: retried once, it must end failed, both runs spent.
-                    spec.command = pb.CommandRuntime(argv=["sh", "-c", f"sleep {duration_s:.2f}; exit 3"])
-                    spec.max_attempts = FAILING_MAX_ATTEMPTS
-                    spec.retry_backoff_ms = 200
-                else:
-                    spec.sleep = pb.SleepRuntime(duration_ms=int(1000 * duration_s))
-                try:
-                    reply = await client.call("submit_job", pb.SubmitJobRequest(spec=spec))
-                    self._submitted += 1
-                    self._acknowledged.append(int(reply.job_id))
-                    self._expected[int(reply.job_id)] = "failed" if fails else "succeeded"
-                except StockadeError:
-                    pass  # no replica answered this once (one may be frozen): try the next
-                next_at += interval
-                await trio.sleep_until(max(next_at, trio.current_time()))
-        finally:
-            client.close()
+        while not stop.is_set():
+            low, high = s.job_duration_s
+            duration_s = self._rng.uniform(low, high)
+            fails = self._rng.random() < s.failing_share
+            spec = pb.JobSpec(
+                name=f"chaos-{self._submitted + 1}",
+                cpu_millis=self._rng.choice([100, 250, 500, 1000]),
+                memory_mb=self._rng.choice([64, 128, 256, 512]),
+            )
+            if s.preemption and (self._submitted + 1) % HIGH_PRIORITY_EVERY == 0:
+                spec.cpu_millis, spec.priority = 2000, 10
+            client = clients[self._submitted % len(clients)]
+            if fails:
+                # A job made to fail: retried once, it must end failed, both runs spent.
+                spec.command = pb.CommandRuntime(argv=["sh", "-c", f"sleep {duration_s:.2f}; exit 3"])
+                spec.max_attempts = FAILING_MAX_ATTEMPTS
+                spec.retry_backoff_ms = 200
+            else:
+                spec.sleep = pb.SleepRuntime(duration_ms=int(1000 * duration_s))
+            try:
+                reply = await client.call("submit_job", pb.SubmitJobRequest(spec=spec))
+                self._submitted += 1
+                self._acknowledged.append(int(reply.job_id))
+                self._expected[int(reply.job_id)] = "failed" if fails else "succeeded"
+            except StockadeError:
+                pass  # no replica answered this once (one may be frozen): try the next
+            next_at += interval
+            await trio.sleep_until(max(next_at, trio.current_time()))
 
     async def _wait_finished(self, client: ControlPlaneClient) -> None:
         self.progress("injections done; waiting for every job to finish")

@@ -13,6 +13,13 @@ from ops import checker
 from ops.faults import Failover
 from ops.tables import VerdictRow, seconds_text, verdict_table
 
+CHAOS_PREEMPT_GRACE_S = 1.0
+"""The preemption grace of a chaos run with ``preemption``, seconds."""
+CHAOS_PREEMPT_COOLDOWN_S = 5.0
+"""The preemption cooldown of a chaos run with ``preemption``, seconds."""
+HIGH_PRIORITY_EVERY = 15
+"""With ``preemption``, every this-many-th job asks 2,000 cpu_millis at priority 10 (the others
+stay at 0), so it often fits nowhere and preempts."""
 FAILING_MAX_ATTEMPTS = 2
 """Runs of a job a chaos run makes to fail (:attr:`ChaosSettings.failing_share`): one retry."""
 
@@ -69,6 +76,13 @@ class ChaosSettings:
     finish_timeout_s: float = 300.0
     """How long to wait, after the injections, for every job to finish."""
     seed: int = 1
+    accounts: int = 1
+    """User accounts the jobs are submitted by, round-robin (chaos-1, chaos-2, ...; weights 1, 2,
+    3 in turn); 1: every job is the operator's."""
+    preemption: bool = False
+    """Run the control planes with preemption on (``--preemption``, a grace of
+    :data:`CHAOS_PREEMPT_GRACE_S`, a cooldown of :data:`CHAOS_PREEMPT_COOLDOWN_S`); every
+    :data:`HIGH_PRIORITY_EVERY`-th job then asks a whole worker at priority 10."""
 
 
 @attrs.define

@@ -99,6 +99,23 @@ def chaos(
     insecure: Annotated[
         bool, typer.Option("--insecure", help="Run the chaos cluster without TLS (development only).")
     ] = False,
+    accounts: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=20,
+            help="User accounts submitting the jobs, round-robin (chaos-1, chaos-2, ...; weights 1, 2, 3 in "
+            "turn); 1: the operator alone.",
+        ),
+    ] = 1,
+    preemption: Annotated[
+        bool,
+        typer.Option(
+            "--preemption",
+            help="Run the control planes with preemption on (grace 1 s, cooldown 5 s); every 15th job then "
+            "asks 2,000 cpu_millis at priority 10.",
+        ),
+    ] = False,
     docker: Annotated[
         bool,
         typer.Option(
@@ -119,6 +136,8 @@ def chaos(
     from ops.chaosresult import ChaosSettings, chaos_table
     from ops.cluster import ClusterDriver, DockerCluster, LocalCluster, StateDir
 
+    if docker and preemption:
+        fail("--preemption is not available with --docker yet: run it on a local cluster", EXIT_INVALID)
     if docker and ha_db:
         fail("--ha-db is not available with --docker: drop one of them", EXIT_INVALID)
     if docker and worker_restarts:
@@ -160,6 +179,8 @@ def chaos(
         submit_rate_per_s=rate,
         failing_share=failing_share,
         seed=seed,
+        accounts=accounts,
+        preemption=preemption,
     )
     harness = Harness(settings=settings, cluster=cluster, progress=lambda line: err_console().print(line))
     try:

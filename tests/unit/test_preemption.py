@@ -301,3 +301,18 @@ def test_decisions_keep_every_rule(
         room_cpu, room_mem = free[d.worker_id]
         assert room_cpu + sum(v.cpu_millis for v in d.victims) >= c.cpu_millis
         assert room_mem + sum(v.memory_mb for v in d.victims) >= c.memory_mb
+
+
+def test_a_preempted_jobs_reason_stays_until_it_is_placed() -> None:
+    """A job a preemption put back to pending keeps its reason ``preempted by job N`` through the
+    rounds that cannot place it (no room), where another job's stale reason is cleared."""
+    from test_plan_quotas import job, queue_of, worker
+    from test_plan_round import NOW
+
+    from actors.round_plan import plan_round
+    from runtime.settings.leader import PlacerSettings
+
+    queue = queue_of(job(1, "alice"), job(2, "bob"), reasons={1: "preempted by job 9", 2: "an old reason"})
+    full = [worker("w-1", cpu_millis=16000, used_cpu=16000)]
+    result = plan_round(queue, full, PlacerSettings(), max_rows=100, now=NOW, shares={})
+    assert dict(result.reasons) == {2: ""}
