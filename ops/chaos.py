@@ -25,6 +25,7 @@ from ops.chaosresult import (
     CHAOS_PREEMPT_GRACE_S,
     FAILING_MAX_ATTEMPTS,
     HIGH_PRIORITY_EVERY,
+    PREEMPTION_JOB_DURATION_S,
     ChaosResult,
     ChaosSettings,
 )
@@ -391,16 +392,18 @@ class Harness:
         interval = 1.0 / s.submit_rate_per_s
         next_at = trio.current_time()
         while not stop.is_set():
-            low, high = s.job_duration_s
+            # With preemption, larger and longer jobs keep the cluster full, so the jobs of
+            # priority 10 often fit nowhere.
+            low, high = PREEMPTION_JOB_DURATION_S if s.preemption else s.job_duration_s
             duration_s = self._rng.uniform(low, high)
             fails = self._rng.random() < s.failing_share
             spec = pb.JobSpec(
                 name=f"chaos-{self._submitted + 1}",
-                cpu_millis=self._rng.choice([100, 250, 500, 1000]),
+                cpu_millis=self._rng.choice([1000, 2000, 4000] if s.preemption else [100, 250, 500, 1000]),
                 memory_mb=self._rng.choice([64, 128, 256, 512]),
             )
             if s.preemption and (self._submitted + 1) % HIGH_PRIORITY_EVERY == 0:
-                spec.cpu_millis, spec.priority = 2000, 10
+                spec.cpu_millis, spec.priority = 4000, 10
             client = clients[self._submitted % len(clients)]
             if fails:
                 # A job made to fail: retried once, it must end failed, both runs spent.

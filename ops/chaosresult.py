@@ -18,8 +18,12 @@ CHAOS_PREEMPT_GRACE_S = 1.0
 CHAOS_PREEMPT_COOLDOWN_S = 5.0
 """The preemption cooldown of a chaos run with ``preemption``, seconds."""
 HIGH_PRIORITY_EVERY = 15
-"""With ``preemption``, every this-many-th job asks 2,000 cpu_millis at priority 10 (the others
+"""With ``preemption``, every this-many-th job asks 4,000 cpu_millis at priority 10 (the others
 stay at 0), so it often fits nowhere and preempts."""
+PREEMPTION_JOB_DURATION_S = (2.0, 6.0)
+"""With ``preemption``, the jobs' durations (uniform, seconds) and sizes of 1,000, 2,000 or 4,000
+cpu_millis: about 1.4 times what the 10 workers of a chaos run hold at 12 jobs/s, so the
+cluster is full and a backlog builds."""
 FAILING_MAX_ATTEMPTS = 2
 """Runs of a job a chaos run makes to fail (:attr:`ChaosSettings.failing_share`): one retry."""
 

@@ -112,8 +112,8 @@ def chaos(
         bool,
         typer.Option(
             "--preemption",
-            help="Run the control planes with preemption on (grace 1 s, cooldown 5 s); every 15th job then "
-            "asks 2,000 cpu_millis at priority 10.",
+            help="Run the control planes with preemption on (grace 1 s, cooldown 5 s) under jobs that fill "
+            "the cluster; every 15th job asks 4,000 cpu_millis at priority 10.",
         ),
     ] = False,
     docker: Annotated[
