@@ -226,6 +226,37 @@ def bench_fair_share(
         raise typer.Exit(EXIT_UNAVAILABLE)
 
 
+@bench_app.command("preemption")
+def bench_preemption(
+    tries: Annotated[int, typer.Option(min=1, max=1000, help="Jobs of priority 10, one at a time.")] = 10,
+    workers: Annotated[int, typer.Option(min=1, max=200, help="Workers (one fleet).")] = 5,
+    grace_s: Annotated[float, typer.Option(min=0.1, max=600, help="The preemption grace, seconds.")] = 2.0,
+    ignore_term: Annotated[
+        bool, typer.Option(help="The running jobs ignore SIGTERM: each preemption waits out the grace.")
+    ] = True,
+    json_path: JsonPathOption = None,
+    state_dir: Annotated[Path | None, _state_dir_option("bench clusters", "preemption")] = None,
+) -> None:
+    """Fill a cluster (preemption on) with low-priority jobs, then submit jobs of priority 10
+    that fit no free room, one at a time: print how long each waited from its submission to its
+    start on its worker (the target: p50 within the grace plus 1 s)."""
+    from ops.bench import preemption
+
+    settings = preemption.PreemptionBenchSettings(
+        tries=tries, workers=workers, grace_s=grace_s, ignore_term=ignore_term
+    )
+    out = _json_out(json_path, "preemption")
+    with interruptible(), errors():
+        report = preemption.run_preemption_bench(
+            settings, state_dir or (default_state_dir() / "bench-preemption"), err_console().print
+        )
+    console().print(preemption.render(report))
+    out.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    console().print(f"wrote {out}")
+    if not report.ok:
+        raise typer.Exit(EXIT_UNAVAILABLE)
+
+
 @bench_app.command("overload")
 def bench_overload(
     rates: Annotated[
