@@ -56,7 +56,7 @@ class PreemptionBenchReport:
 
     @property
     def p50_s(self) -> float | None:
-        return statistics.median(self.waits_s) if self.waits_s else None
+        return round(statistics.median(self.waits_s), 3) if self.waits_s else None
 
     @property
     def ok(self) -> bool:
