@@ -231,7 +231,7 @@ CREATE INDEX IF NOT EXISTS jobs_by_array ON jobs (array_id, array_index) WHERE a
 -- An account's jobs, newest first (queries.LIST_JOBS for a user or a scoped viewer).
 CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, id);
 -- An account's queued (pending and waiting) jobs, counted against its max_pending
--- (check_max_pending) and shown by ListAccounts.
+-- (check_submission) and shown by ListAccounts.
 CREATE INDEX IF NOT EXISTS jobs_queued_by_owner ON jobs (owner) WHERE state IN ('pending', 'waiting');
 -- What an account's assigned and running jobs hold, for its usage caps (view quota_usage).
 CREATE INDEX IF NOT EXISTS jobs_in_use_by_owner ON jobs (owner) INCLUDE (cpu_millis, memory_mb)
@@ -327,16 +327,18 @@ CREATE INDEX IF NOT EXISTS audit_log_by_time ON audit_log (at);
 
 -- ---------------------------------------------------------------- accounts
 
--- An account's quotas and fair-share weight (docs/quotas.md), set by an operator (SetAccount).
--- An account without a row has no caps and weight 1; a NULL cap is no cap. cpu_millis and
--- memory_mb cap what its assigned and running jobs hold (the placer leaves a job pending past
--- them); max_pending caps its pending and waiting jobs (a submission past it is refused:
--- check_max_pending). The limits are runtime/validation.py's check_account.
+-- An account's quotas, priority cap and fair-share weight (docs/quotas.md), set by an operator
+-- (SetAccount). An account without a row has no caps, the default priority cap and weight 1; a
+-- NULL cap is no cap. cpu_millis and memory_mb cap what its assigned and running jobs hold (the
+-- placer leaves a job pending past them); max_pending caps its pending and waiting jobs, and
+-- max_priority the priority of the jobs its users submit (NULL: 0; a submission past either is
+-- refused: check_submission). The limits are runtime/accounts.py's AccountChange.check.
 CREATE TABLE IF NOT EXISTS accounts (
     name         text             PRIMARY KEY,
     cpu_millis   bigint           CHECK (cpu_millis >= 0),
     memory_mb    bigint           CHECK (memory_mb >= 0),
     max_pending  bigint           CHECK (max_pending >= 0),
+    max_priority bigint           CHECK (max_priority BETWEEN -1000000 AND 1000000),
     weight       double precision NOT NULL DEFAULT 1
                  CHECK (weight > 0 AND weight < 'infinity'::double precision),
     updated_at   timestamptz      NOT NULL DEFAULT now()
@@ -350,7 +352,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 -- This file's version: the newest migration's (actors/migrations/).
-INSERT INTO schema_version (version) VALUES (8) ON CONFLICT (version) DO NOTHING;
+INSERT INTO schema_version (version) VALUES (9) ON CONFLICT (version) DO NOTHING;
 
 -- ================================================================ routines
 -- Everything below is functions, triggers and views, each CREATE OR REPLACE: applied with the
@@ -546,33 +548,36 @@ RETURNS TABLE (dep bigint, state text) LANGUAGE sql STABLE AS $$
      GROUP BY m.dep
 $$;
 
--- Capped exponential backoff with full jitter (M. Brooker, "Exponential Backoff And Jitter", AWS
--- Architecture Blog, 2015): uniform in [0, min(p_cap_s, p_base_s * 2^p_attempt)] seconds,
--- p_attempt counting from 0. The database's copy of runtime/backoff.py's FullJitterBackoff: the
--- database draws the waits of job requeues (a retry's delay, a loss's backoff) so they are written
--- with the requeue and a new leader honours them; Python draws those of network retries.
--- Refuse a submission that would take p_owner's queued (pending and waiting) jobs over its
--- max_pending (accounts), raising SQLSTATE SK001 (runtime/aio/pg.py: FailedPrecondition) with a
--- message naming the account, its count and the cap, so the submitting statement rolls back
--- whole. It holds a transaction-scoped advisory lock on the account first, and reads in a fresh
--- snapshot after it (a VOLATILE function's statement, under READ COMMITTED), so two concurrent
--- submissions of one account count each other: the second waits for the first's commit. An
--- account with no cap takes no lock. Returns true.
-CREATE OR REPLACE FUNCTION check_max_pending(p_owner text, p_adding bigint)
+-- Refuse a submission of p_owner's (p_adding jobs, the highest of priority p_priority) that breaks
+-- one of its account's rules (accounts, one read of its row), so the submitting statement rolls
+-- back whole. p_priority NULL: the caller is not capped (an operator's). Returns true.
+-- - p_priority above the account's max_priority (NULL: the default, 0, runtime/accounts.py's
+--   DEFAULT_MAX_PRIORITY): SQLSTATE SK002 (runtime/aio/pg.py: InvalidArgument), the field in
+--   COLUMN, the value in DETAIL, the rule in the message, what to do in HINT. Checked first,
+--   without a lock: bad input is refused whatever the queue holds.
+-- - the account's queued (pending and waiting) jobs plus p_adding over its max_pending: SQLSTATE
+--   SK001 (FailedPrecondition) with a message naming the account, its count and the cap. It holds
+--   a transaction-scoped advisory lock on the account first, and counts in a fresh snapshot after
+--   it (a VOLATILE function's statement, under READ COMMITTED), so two concurrent submissions of
+--   one account count each other: the second waits for the first's commit. An account with no
+--   max_pending takes no lock (a cap an operator sets meanwhile holds from the next submission).
+CREATE OR REPLACE FUNCTION check_submission(p_owner text, p_adding bigint, p_priority bigint)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_cap bigint;
+    v_max_priority bigint;
     v_queued bigint;
 BEGIN
-    SELECT max_pending INTO v_cap FROM accounts WHERE name = p_owner;
+    SELECT max_pending, max_priority INTO v_cap, v_max_priority FROM accounts WHERE name = p_owner;
+    IF p_priority > coalesce(v_max_priority, 0) THEN
+        RAISE EXCEPTION 'must be at most account %''s max_priority %', p_owner, coalesce(v_max_priority, 0)
+              USING ERRCODE = 'SK002', COLUMN = 'priority', DETAIL = p_priority::text,
+                    HINT = format('an operator may raise it: stockade account set %s --max-priority N', p_owner);
+    END IF;
     IF v_cap IS NULL THEN
         RETURN true;
     END IF;
     PERFORM pg_advisory_xact_lock(hashtextextended('stockade.max_pending.' || p_owner, 0));
-    SELECT max_pending INTO v_cap FROM accounts WHERE name = p_owner;
-    IF v_cap IS NULL THEN
-        RETURN true;
-    END IF;
     SELECT count(*) INTO v_queued FROM jobs WHERE owner = p_owner AND state IN ('pending', 'waiting');
     IF v_queued + p_adding > v_cap THEN
         RAISE EXCEPTION 'quota: account % has % pending and waiting jobs of max_pending %; % more refused',
@@ -581,6 +586,11 @@ BEGIN
     RETURN true;
 END $$;
 
+-- Capped exponential backoff with full jitter (M. Brooker, "Exponential Backoff And Jitter", AWS
+-- Architecture Blog, 2015): uniform in [0, min(p_cap_s, p_base_s * 2^p_attempt)] seconds,
+-- p_attempt counting from 0. The database's copy of runtime/backoff.py's FullJitterBackoff: the
+-- database draws the waits of job requeues (a retry's delay, a loss's backoff) so they are written
+-- with the requeue and a new leader honours them; Python draws those of network retries.
 CREATE OR REPLACE FUNCTION full_jitter_s(p_base_s float8, p_cap_s float8, p_attempt integer)
 RETURNS float8 LANGUAGE sql VOLATILE STRICT AS $$
     SELECT random() * least(p_cap_s, p_base_s * power(2.0::float8, least(p_attempt, 1023)))

@@ -1,5 +1,5 @@
 """Ingest's account handlers: an operator's SetAccount (audited as ``account_set``), and
-GetAccount and ListAccounts, each account's quotas, weight and what it uses now
+GetAccount and ListAccounts, each account's quotas, priority cap, weight and what it uses now
 (docs/quotas.md).
 """
 
@@ -13,7 +13,7 @@ from actors import idempotency, queries
 from actors.ingest_workers import WorkerHandlers
 from protocol import pb
 from runtime import log
-from runtime.accounts import CAPS, AccountChange
+from runtime.accounts import CLEARABLE, AccountChange
 from runtime.aio import visible_account
 from runtime.identifiers import check_id
 from runtime.validation import check_idempotency_key
@@ -22,7 +22,7 @@ from runtime.validation import check_idempotency_key
 def account_info(row: Any) -> pb.AccountInfo:
     """A row of ``queries.ACCOUNTS`` as an ``AccountInfo`` message."""
     caps: dict[str, Any] = {}
-    for cap in CAPS:
+    for cap in CLEARABLE:
         caps[f"has_{cap}"] = row[cap] is not None
         caps[cap] = int(row[cap] or 0)
     return pb.AccountInfo(
@@ -40,7 +40,7 @@ class AccountHandlers(WorkerHandlers):
     """The account RPCs of :class:`actors.ingest.ControlPlaneService`."""
 
     async def set_account(self, request: pb.SetAccountRequest) -> pb.AccountInfo:
-        """Store an account's caps and weight (a field not given keeps its stored value) once
+        """Store an account's caps, priority cap and weight (a field not given keeps its stored value) once
         per idempotency key, with its audit row; answers the account as :meth:`get_account`.
 
         Raises:
@@ -49,7 +49,14 @@ class AccountHandlers(WorkerHandlers):
         """
         change = AccountChange.from_pb(request).check()
         key = check_idempotency_key(request.idempotency_key)
-        args = (change.name, change.cpu_millis, change.memory_mb, change.max_pending, change.weight)
+        args = (
+            change.name,
+            change.cpu_millis,
+            change.memory_mb,
+            change.max_pending,
+            change.max_priority,
+            change.weight,
+        )
         digest = idempotency.request_digest("set_account", [*args, list(change.clear)])
         async with self.database("set_account") as conn:
             done = await self._once(
@@ -68,9 +75,9 @@ class AccountHandlers(WorkerHandlers):
         return account_info(row)
 
     async def get_account(self, request: pb.GetAccountRequest) -> pb.AccountInfo:
-        """An account's caps, weight and use (an account with no row: no caps, weight 1);
-        raises InvalidArgument for a name breaking the id rules, PermissionDenied for a user's
-        or scoped viewer's read of another account."""
+        """An account's caps, priority cap, weight and use (an account with no row: no caps, the
+        default priority cap, weight 1); raises InvalidArgument for a name breaking the id rules,
+        PermissionDenied for a user's or scoped viewer's read of another account."""
         name = check_id(request.name, field="name")
         visible_account("get_account", name)
         async with self.database("get_account") as conn:

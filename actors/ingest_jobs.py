@@ -121,7 +121,12 @@ class JobHandlers(AdmittedService):
             done = await self._store_jobs(
                 "submit_job",
                 queries.SUBMIT_JOB,
-                (*attrs.astuple(queries.job_columns(job)), rpc_caller().account, rpc_caller().scope),
+                (
+                    *attrs.astuple(queries.job_columns(job)),
+                    rpc_caller().account,
+                    rpc_caller().scope,
+                    job.priority if rpc_caller().priority_capped else None,
+                ),
                 key=key,
                 digest=digest,
                 arguments={"name": job.name},
@@ -209,15 +214,30 @@ class JobHandlers(AdmittedService):
                 index = next((n for n, j in enumerate(jobs) if missing & set(j.after)), 0)
                 return await self._missing_dependencies(conn, f"specs[{index}].after", jobs[index].after)
 
-            done = await self._store_jobs(
-                "submit_jobs",
-                queries.SUBMIT_JOBS,
-                (*queries.job_column_arrays(jobs), rpc_caller().account, rpc_caller().scope),
-                key=key,
-                digest=digest,
-                arguments={"jobs": len(jobs)},
-                missing=first_missing,
-            )
+            highest = max((j.priority for j in jobs), default=0)
+            try:
+                done = await self._store_jobs(
+                    "submit_jobs",
+                    queries.SUBMIT_JOBS,
+                    (
+                        *queries.job_column_arrays(jobs),
+                        rpc_caller().account,
+                        rpc_caller().scope,
+                        highest if rpc_caller().priority_capped else None,
+                    ),
+                    key=key,
+                    digest=digest,
+                    arguments={"jobs": len(jobs)},
+                    missing=first_missing,
+                )
+            except InvalidArgument as exc:
+                if exc.field != "priority":
+                    raise
+                # The database names the batch's highest priority: say which job has it.
+                index = next(n for n, j in enumerate(jobs) if j.priority == highest)
+                raise InvalidArgument(
+                    f"specs[{index}].priority", exc.value, exc.rule, detail=exc.detail
+                ) from None
             if not done.replayed:
                 self.pending_jobs += len(done.answer)
         job_ids = sorted(int(r["id"]) for r in done.answer)

@@ -24,6 +24,7 @@ from ops.chaosresult import (
     CHAOS_PREEMPT_COOLDOWN_S,
     CHAOS_PREEMPT_GRACE_S,
     FAILING_MAX_ATTEMPTS,
+    HIGH_PRIORITY,
     HIGH_PRIORITY_EVERY,
     PREEMPTION_JOB_DURATION_S,
     ChaosResult,
@@ -371,7 +372,13 @@ class Harness:
                     with contextlib.suppress(StockadeError):
                         await operator.call(
                             "set_account",
-                            pb.SetAccountRequest(name=name, has_weight=True, weight=float(1 + k % 3)),
+                            pb.SetAccountRequest(
+                                name=name,
+                                has_weight=True,
+                                weight=float(1 + k % 3),
+                                has_max_priority=True,
+                                max_priority=HIGH_PRIORITY,
+                            ),
                         )
             finally:
                 operator.close()
@@ -403,7 +410,7 @@ class Harness:
                 memory_mb=self._rng.choice([64, 128, 256, 512]),
             )
             if s.preemption and (self._submitted + 1) % HIGH_PRIORITY_EVERY == 0:
-                spec.cpu_millis, spec.priority = 4000, 10
+                spec.cpu_millis, spec.priority = 4000, HIGH_PRIORITY
             client = clients[self._submitted % len(clients)]
             if fails:
                 # A job made to fail: retried once, it must end failed, both runs spent.

@@ -18,8 +18,11 @@ CHAOS_PREEMPT_GRACE_S = 1.0
 CHAOS_PREEMPT_COOLDOWN_S = 5.0
 """The preemption cooldown of a chaos run with ``preemption``, seconds."""
 HIGH_PRIORITY_EVERY = 15
-"""With ``preemption``, every this-many-th job asks 4,000 cpu_millis at priority 10 (the others
-stay at 0), so it often fits nowhere and preempts."""
+"""With ``preemption``, every this-many-th job asks 4,000 cpu_millis at :data:`HIGH_PRIORITY` (the
+others stay at 0), so it often fits nowhere and preempts."""
+HIGH_PRIORITY = 10
+"""The priority of those jobs; with ``accounts`` > 1 each user account is given it as its
+``max_priority`` (users are capped at 0 otherwise: docs/quotas.md)."""
 PREEMPTION_JOB_DURATION_S = (2.0, 6.0)
 """With ``preemption``, the jobs' durations (uniform, seconds) and sizes of 1,000, 2,000 or 4,000
 cpu_millis: about 1.4 times what the 10 workers of a chaos run hold at 12 jobs/s, so the
@@ -82,7 +85,7 @@ class ChaosSettings:
     seed: int = 1
     accounts: int = 1
     """User accounts the jobs are submitted by, round-robin (chaos-1, chaos-2, ...; weights 1, 2,
-    3 in turn); 1: every job is the operator's."""
+    3 in turn; max_priority :data:`HIGH_PRIORITY`); 1: every job is the operator's."""
     preemption: bool = False
     """Run the control planes with preemption on (``--preemption``, a grace of
     :data:`CHAOS_PREEMPT_GRACE_S`, a cooldown of :data:`CHAOS_PREEMPT_COOLDOWN_S`); every

@@ -1,5 +1,5 @@
-"""An account's quotas and fair-share weight (docs/quotas.md): the rules of what SetAccount may
-store, applied by client and server alike, and the reason a job waits past a cap.
+"""An account's quotas, priority cap and fair-share weight (docs/quotas.md): the rules of what
+SetAccount may store, applied by client and server alike, and the reason a job waits past a cap.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import attrs
 from runtime.checks import check_int_between
 from runtime.errors import InvalidArgument
 from runtime.identifiers import check_id
-from runtime.jobs import MAX_CPU_MILLIS, MAX_MEMORY_MB
+from runtime.jobs import MAX_CPU_MILLIS, MAX_MEMORY_MB, MAX_PRIORITY
 
 if TYPE_CHECKING:
     from protocol import pb
@@ -35,7 +35,17 @@ CAPS = tuple(MAX_CAPS)
 MAX_WEIGHT = 1_000_000.0
 """The largest fair-share weight (the default is 1)."""
 
-_GIVEN = (*CAPS, "weight")
+DEFAULT_MAX_PRIORITY = 0
+"""The highest job priority a user may submit when its account has no ``max_priority``: any
+priority up to 0, so a user may lower its own jobs' priority (as Unix ``nice``), not raise it.
+Operators are not capped. schema.sql's check_submission holds the same default (a test checks
+the two agree)."""
+
+CLEARABLE = (*CAPS, "max_priority")
+"""The settings a change may remove: the caps (then none), and ``max_priority`` (then
+:data:`DEFAULT_MAX_PRIORITY`)."""
+
+_GIVEN = (*CLEARABLE, "weight")
 """The fields a change may give (each None: keep the stored value)."""
 
 
@@ -51,10 +61,13 @@ class AccountChange:
     """Cap on the memory_mb (MiB) its assigned and running jobs hold, 0 to ``MAX_CAPS``."""
     max_pending: int | None = None
     """Cap on its pending and waiting jobs, 0 to ``MAX_CAPS``."""
+    max_priority: int | None = None
+    """The highest priority its users' jobs may have, -``MAX_PRIORITY`` to ``MAX_PRIORITY`` (the
+    range of a job's priority, :data:`runtime.jobs.MAX_PRIORITY`)."""
     weight: float | None = None
     """Fair-share weight: finite, > 0, at most :data:`MAX_WEIGHT`."""
     clear: tuple[str, ...] = ()
-    """Caps to remove (of :data:`CAPS`), sorted, none of them given."""
+    """Settings to remove (of :data:`CLEARABLE`), sorted, none of them given."""
 
     def check(self) -> AccountChange:
         """This change, once every field is found within its rule.
@@ -68,16 +81,18 @@ class AccountChange:
             value = getattr(self, cap)
             if value is not None:
                 check_int_between(cap, value, 0, MAX_CAPS[cap])
+        if self.max_priority is not None:
+            check_int_between("max_priority", self.max_priority, -MAX_PRIORITY, MAX_PRIORITY)
         if self.weight is not None and not (0 < self.weight <= MAX_WEIGHT and math.isfinite(self.weight)):
             raise InvalidArgument("weight", self.weight, f"must be a finite number > 0 and <= {MAX_WEIGHT:g}")
         for cap in self.clear:
-            if cap not in CAPS:
-                raise InvalidArgument("clear", cap, f"must name caps of {', '.join(CAPS)}")
+            if cap not in CLEARABLE:
+                raise InvalidArgument("clear", cap, f"must name settings of {', '.join(CLEARABLE)}")
             if getattr(self, cap) is not None:
                 raise InvalidArgument(
                     "clear", cap, f"must not name a cap also given ({cap}={getattr(self, cap)})"
                 )
-        if not self.clear and self.weight is None and all(getattr(self, cap) is None for cap in CAPS):
+        if not self.clear and all(getattr(self, field) is None for field in _GIVEN):
             raise InvalidArgument(
                 "account", self.name, "must be given a cap, a weight or a cap to clear (nothing to set)"
             )

@@ -75,22 +75,23 @@ SELECT prior.rpc IS NOT NULL AS replayed, prior.rpc, prior.request_sha256,
 # $14 env (JSON), $15 workdir, $16 after_ids, $17 an array's first index (NULL: one job), $18 its
 # last index, $19 its limit (0: none), $20 its owner (the caller's account), $21 the one account
 # whose jobs it may name in after_ids (NULL: any; a user's own: another account's job is as no
-# job, so a dependency tells nothing of it); then the audit's, the idempotency key and the
-# request's sha256 (see once). One job, or one row per task of an array:
+# job, so a dependency tells nothing of it), $22 its priority when held to the owner's
+# max_priority (NULL: the caller is not capped, an operator); then the audit's, the idempotency
+# key and the request's sha256 (see once). One job, or one row per task of an array:
 # the first task's id is drawn first and is the array's id (array_id of every task). Its
 # dependencies are read in the statement's snapshot (schema.sql, dependency_states); it stores
 # nothing when one does not exist (its answer is then empty and no key is kept: the caller names
 # the missing ids). A task is waiting while a dependency has not succeeded, or while it is beyond
 # its array's limit (its position k from 1 above the limit); else pending. Answer: one row, id
-# (the job's, or the array's) and tasks (how many rows). Refused whole (SQLSTATE SK001) when its
-# rows would take the owner's pending and waiting jobs over its max_pending (schema.sql,
-# check_max_pending; a replay is not checked).
+# (the job's, or the array's) and tasks (how many rows). Refused whole when $22 is above the
+# owner's max_priority (SQLSTATE SK002), or when its rows would take the owner's pending and
+# waiting jobs over its max_pending (SK001) (schema.sql, check_submission; a replay is not checked).
 SUBMIT_JOB = once(
     "submit_job",
     """
 SELECT min(id) AS id, count(*) AS tasks FROM inserted HAVING count(*) > 0
 """,
-    params=21,
+    params=22,
     action="submit",
     steps="""deps AS (
     SELECT (SELECT count(*) FROM jobs d WHERE d.id = ANY($16::bigint[])
@@ -100,7 +101,7 @@ SELECT min(id) AS id, count(*) AS tasks FROM inserted HAVING count(*) > 0
                       WHERE s.state <> 'succeeded'), '{}') AS unfinished
 ),
 queued AS (
-    SELECT check_max_pending($20::text, coalesce($18::int - $17::int + 1, 1)) AS ok FROM fresh
+    SELECT check_submission($20::text, coalesce($18::int - $17::int + 1, 1), $22::bigint) AS ok FROM fresh
 ),
 first AS (
     SELECT nextval('jobs_id_seq') AS id FROM fresh, deps, queued WHERE deps.all_exist AND queued.ok
@@ -139,11 +140,12 @@ inserted AS (
 # JSON arrays (NULL for sleep jobs), $8 images (NULL but for container jobs), $9 max_attempts,
 # $10 retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON), $14 env (JSON),
 # $15 workdir, $16 after_ids (JSON arrays), $17 their owner (the caller's account), $18 the one
-# account whose jobs they may name (as SUBMIT_JOB's $21); then the audit's, the idempotency key
-# and the request's sha256 (see once). One statement: all jobs or none; none when a job names a
+# account whose jobs they may name (as SUBMIT_JOB's $21), $19 their highest priority when held to
+# the owner's max_priority (as SUBMIT_JOB's $22); then the audit's, the idempotency key and the
+# request's sha256 (see once). One statement: all jobs or none; none when a job names a
 # dependency that does not exist (already: a job of the batch cannot name another). A job waits
 # as SUBMIT_JOB's (a batch holds no array). Answer rows: id, one per job, drawn in order.
-# Refused whole over the owner's max_pending, as SUBMIT_JOB.
+# Refused whole over the owner's max_priority or max_pending, as SUBMIT_JOB.
 SUBMIT_JOBS = once(
     "submit_jobs",
     """
@@ -164,7 +166,7 @@ SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
  ORDER BY t.n
 RETURNING id
 """,
-    params=18,
+    params=19,
     action="submit",
     steps="""batch AS (
     SELECT t.*, ARRAY(SELECT jsonb_array_elements_text(t.after_ids::jsonb)::bigint) AS after
@@ -183,29 +185,33 @@ deps AS (
                       WHERE s.state <> 'succeeded'), '{}') AS unfinished
       FROM batch b
 ),
-queued AS (SELECT check_max_pending($17::text, (SELECT count(*) FROM batch)) AS ok FROM fresh),""",
+queued AS (
+    SELECT check_submission($17::text, (SELECT count(*) FROM batch), $19::bigint) AS ok FROM fresh
+),""",
 )
 
-# $1 account name, $2 cpu_millis cap, $3 memory_mb cap, $4 max_pending (each NULL: keep the
-# stored one), $5 weight (NULL: keep; a new row's is 1), $6 caps to remove (text[]); then the
-# audit's (action account_set), the idempotency key and the request's sha256 (see once).
-# Answer: one row, the account as stored (id: its name).
+# $1 account name, $2 cpu_millis cap, $3 memory_mb cap, $4 max_pending, $5 max_priority (each
+# NULL: keep the stored one), $6 weight (NULL: keep; a new row's is 1), $7 settings to remove
+# (text[]); then the audit's (action account_set), the idempotency key and the request's sha256
+# (see once). Answer: one row, the account as stored (id: its name).
 SET_ACCOUNT = once(
     "set_account",
     """
-INSERT INTO accounts AS a (name, cpu_millis, memory_mb, max_pending, weight)
-SELECT $1::text, $2::bigint, $3::bigint, $4::bigint, coalesce($5::float8, 1) FROM fresh
+INSERT INTO accounts AS a (name, cpu_millis, memory_mb, max_pending, max_priority, weight)
+SELECT $1::text, $2::bigint, $3::bigint, $4::bigint, $5::bigint, coalesce($6::float8, 1) FROM fresh
     ON CONFLICT (name) DO UPDATE SET
-       cpu_millis = CASE WHEN 'cpu_millis' = ANY($6::text[]) THEN NULL
+       cpu_millis = CASE WHEN 'cpu_millis' = ANY($7::text[]) THEN NULL
                          ELSE coalesce(EXCLUDED.cpu_millis, a.cpu_millis) END,
-       memory_mb = CASE WHEN 'memory_mb' = ANY($6::text[]) THEN NULL
+       memory_mb = CASE WHEN 'memory_mb' = ANY($7::text[]) THEN NULL
                         ELSE coalesce(EXCLUDED.memory_mb, a.memory_mb) END,
-       max_pending = CASE WHEN 'max_pending' = ANY($6::text[]) THEN NULL
+       max_pending = CASE WHEN 'max_pending' = ANY($7::text[]) THEN NULL
                           ELSE coalesce(EXCLUDED.max_pending, a.max_pending) END,
-       weight = coalesce($5::float8, a.weight), updated_at = now()
-RETURNING name AS id, cpu_millis, memory_mb, max_pending, weight
+       max_priority = CASE WHEN 'max_priority' = ANY($7::text[]) THEN NULL
+                           ELSE coalesce(EXCLUDED.max_priority, a.max_priority) END,
+       weight = coalesce($6::float8, a.weight), updated_at = now()
+RETURNING name AS id, cpu_millis, memory_mb, max_pending, max_priority, weight
 """,
-    params=6,
+    params=7,
     action="account_set",
 )
 

@@ -235,9 +235,10 @@ STATUS_UNSCHEDULABLE = (
 
 
 # $1 one account (NULL: every account with a row or with queued or in-use jobs). Each, by name:
-# its caps (NULL: none) and weight (1 without a row), the cpu_millis and memory_mb of its
-# assigned and running jobs, and how many of its jobs are pending or waiting. One account is
-# answered even with no row and no jobs (no caps, weight 1, nothing used).
+# its caps (NULL: none), max_priority (NULL: the default) and weight (1 without a row), the
+# cpu_millis and memory_mb of its assigned and running jobs, and how many of its jobs are pending
+# or waiting. One account is answered even with no row and no jobs (no caps, weight 1, nothing
+# used).
 ACCOUNTS = """
 WITH names AS (
     SELECT $1::text AS name WHERE $1::text IS NOT NULL
@@ -245,7 +246,8 @@ WITH names AS (
     UNION SELECT DISTINCT owner FROM jobs
      WHERE $1::text IS NULL AND state IN ('pending', 'waiting', 'assigned', 'running')
 )
-SELECT n.name, a.cpu_millis, a.memory_mb, a.max_pending, coalesce(a.weight, 1) AS weight,
+SELECT n.name, a.cpu_millis, a.memory_mb, a.max_pending, a.max_priority,
+       coalesce(a.weight, 1) AS weight,
        coalesce(u.used_cpu_millis, 0) AS used_cpu_millis,
        coalesce(u.used_memory_mb, 0) AS used_memory_mb, coalesce(u.queued_jobs, 0) AS queued_jobs
   FROM names n

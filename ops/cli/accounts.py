@@ -1,4 +1,4 @@
-"""``stockade account``: each account's quotas and fair-share weight, set by an operator and
+"""``stockade account``: each account's quotas, priority cap and fair-share weight, set by an operator and
 read with what the account uses now, through the Python client (docs/quotas.md). Only light
 modules are imported at the top.
 """
@@ -16,7 +16,7 @@ from ops.cli.common import ControlPlanesOption, JsonOption, control_plane_addres
 
 account_app = typer.Typer(
     cls=StockadeGroup,
-    help="Accounts' quotas (cpu_millis, memory_mb, max pending jobs) and fair-share weights.",
+    help="Accounts' quotas (cpu_millis, memory_mb, max pending jobs), priority caps and fair-share weights.",
     no_args_is_help=True,
 )
 app.add_typer(account_app, name="account")
@@ -39,21 +39,38 @@ def set_account(
             help="Cap on its pending and waiting jobs; a submission past it is refused.", show_default=False
         ),
     ] = None,
+    max_priority: Annotated[
+        int | None,
+        typer.Option(
+            help="The highest priority its users' jobs may have (0 unless set; operators are not capped).",
+            show_default=False,
+        ),
+    ] = None,
     weight: Annotated[
         float | None, typer.Option(help="Its fair-share weight (> 0; 1 unless set).", show_default=False)
     ] = None,
     clear_cpu_millis: Annotated[bool, typer.Option(help="Remove the cpu_millis cap.")] = False,
     clear_memory_mb: Annotated[bool, typer.Option(help="Remove the memory_mb cap.")] = False,
     clear_max_pending: Annotated[bool, typer.Option(help="Remove the max_pending cap.")] = False,
+    clear_max_priority: Annotated[
+        bool, typer.Option(help="Remove the max_priority (back to the default, 0).")
+    ] = False,
     as_json: JsonOption = False,
     control_planes: ControlPlanesOption = None,
 ) -> None:
-    """Set an account's caps and weight (operators only); what is not given keeps its value.
+    """Set an account's caps, priority cap and weight (operators only); what is not given keeps
+    its value.
 
-    A cap of 0 lets nothing of it be used (or queued); --clear-* removes a cap. The change is
-    written to the audit trail (action account_set).
+    A cap of 0 lets nothing of it be used (or queued); --clear-* removes a cap. --max-priority
+    caps the priority of the jobs its users submit. The change is written to the audit trail
+    (action account_set).
     """
-    clears = {"cpu_millis": clear_cpu_millis, "memory_mb": clear_memory_mb, "max_pending": clear_max_pending}
+    clears = {
+        "cpu_millis": clear_cpu_millis,
+        "memory_mb": clear_memory_mb,
+        "max_pending": clear_max_pending,
+        "max_priority": clear_max_priority,
+    }
     with errors():
         # The client checks the change (runtime.accounts.AccountChange) before it sends.
         account = with_client(
@@ -63,6 +80,7 @@ def set_account(
                 cpu_millis=cpu_millis,
                 memory_mb=memory_mb,
                 max_pending=max_pending,
+                max_priority=max_priority,
                 weight=weight,
                 clear=[cap for cap, on in clears.items() if on],
             ),
@@ -76,7 +94,8 @@ def show_account(
     as_json: JsonOption = False,
     control_planes: ControlPlanesOption = None,
 ) -> None:
-    """Show an account's caps, weight and what it uses now (one never set: no caps, weight 1)."""
+    """Show an account's caps, priority cap, weight and what it uses now (one never set: no caps,
+    max priority 0, weight 1)."""
     with errors():
         from runtime.identifiers import check_id
 

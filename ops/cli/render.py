@@ -421,15 +421,18 @@ def print_audit(entries: Sequence[AuditEntry]) -> None:
 
 def account_json(account: Account) -> dict[str, Any]:
     """An account as ``stockade account show --json`` prints it: ``name``, the caps
-    ``cpu_millis``, ``memory_mb`` and ``max_pending`` (null: none), ``weight``, and what it uses
-    now: ``used_cpu_millis``, ``used_memory_mb``, ``queued_jobs``."""
+    ``cpu_millis``, ``memory_mb`` and ``max_pending`` (null: none), ``max_priority`` (null: the
+    default, 0), ``weight``, and what it uses now: ``used_cpu_millis``, ``used_memory_mb``,
+    ``queued_jobs``."""
     return attrs.asdict(account)
 
 
 def print_accounts(accounts: Sequence[Account]) -> None:
     """``stockade account list``'s (and ``show``'s) table: one account a row, each cap beside
-    what it uses now (``-``: no cap), and how many accounts there are."""
+    what it uses now (``-``: no cap), its max priority (``0 (default)`` when not set), and how
+    many accounts there are."""
     from ops.cli.common import console
+    from runtime.accounts import DEFAULT_MAX_PRIORITY
 
     def of(used: int, cap: int | None) -> str:
         return f"{used} / -" if cap is None else f"{used} / {cap}"
@@ -439,6 +442,7 @@ def print_accounts(accounts: Sequence[Account]) -> None:
     table.add_column("cpu_millis used / cap", justify="right", no_wrap=True)
     table.add_column("memory_mb used / cap", justify="right", no_wrap=True)
     table.add_column("pending+waiting / max", justify="right", no_wrap=True)
+    table.add_column("max priority", justify="right", no_wrap=True)
     table.add_column("weight", justify="right", no_wrap=True)
     for a in accounts:
         table.add_row(
@@ -446,6 +450,7 @@ def print_accounts(accounts: Sequence[Account]) -> None:
             of(a.used_cpu_millis, a.cpu_millis),
             of(a.used_memory_mb, a.memory_mb),
             of(a.queued_jobs, a.max_pending),
+            f"{DEFAULT_MAX_PRIORITY} (default)" if a.max_priority is None else str(a.max_priority),
             f"{a.weight:g}",
         )
     console().print(table)

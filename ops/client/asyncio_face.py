@@ -167,11 +167,12 @@ class AsyncioClient:
         cpu_millis: int | None = None,
         memory_mb: int | None = None,
         max_pending: int | None = None,
+        max_priority: int | None = None,
         weight: float | None = None,
         clear: Sequence[str] = (),
         idempotency_key: str | None = None,
     ) -> Account:
-        """Set an account's quotas and weight. As :meth:`Client.set_account`.
+        """Set an account's quotas, priority cap and weight. As :meth:`Client.set_account`.
 
         Raises:
             the errors of :meth:`Client.set_account`.
@@ -182,6 +183,7 @@ class AsyncioClient:
             cpu_millis=cpu_millis,
             memory_mb=memory_mb,
             max_pending=max_pending,
+            max_priority=max_priority,
             weight=weight,
             clear=clear,
             idempotency_key=idempotency_key,

@@ -376,20 +376,26 @@ class Client:
         cpu_millis: int | None = None,
         memory_mb: int | None = None,
         max_pending: int | None = None,
+        max_priority: int | None = None,
         weight: float | None = None,
         clear: Sequence[str] = (),
         idempotency_key: str | None = None,
     ) -> Account:
-        """Set an account's quotas and fair-share weight (operators only; docs/quotas.md); what
-        is not given keeps its stored value. Returns the account as stored, with its use.
+        """Set an account's quotas, priority cap and fair-share weight (operators only;
+        docs/quotas.md); what is not given keeps its stored value. Returns the account as stored,
+        with its use.
 
         Args:
             name: the account (the id rules).
             cpu_millis, memory_mb: caps on what its assigned and running jobs hold, 0 to
                 ``runtime.accounts.MAX_CAPS``; None: keep.
             max_pending: cap on its pending and waiting jobs; None: keep.
+            max_priority: the highest priority its users' jobs may have, -1,000,000 to
+                1,000,000 (``runtime.jobs.MAX_PRIORITY``); None: keep (the default, 0, for a new
+                account).
             weight: its fair-share weight, finite and > 0; None: keep (1 for a new account).
-            clear: caps to remove (``cpu_millis``, ``memory_mb``, ``max_pending``), none given.
+            clear: settings to remove (``cpu_millis``, ``memory_mb``, ``max_pending``: no cap;
+                ``max_priority``: the default), none given.
             idempotency_key: this call's key, as in :meth:`submit`.
 
         Raises:
@@ -401,7 +407,9 @@ class Client:
         from runtime.accounts import AccountChange
 
         caps = {"cpu_millis": cpu_millis, "memory_mb": memory_mb, "max_pending": max_pending}
-        change = AccountChange(name=name, weight=weight, clear=tuple(clear), **caps).check()
+        change = AccountChange(
+            name=name, max_priority=max_priority, weight=weight, clear=tuple(clear), **caps
+        ).check()
         request = change.to_pb(check_key(idempotency_key))
         reply: pb.AccountInfo = await self._cp.call("set_account", request)
         return account_from_pb(reply)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
-from runtime.accounts import CAPS
+from runtime.accounts import CLEARABLE
 from runtime.jobs import JobSpec
 
 if TYPE_CHECKING:
@@ -323,8 +323,8 @@ class AuditEntry:
 
 @attrs.frozen(kw_only=True)
 class Account:
-    """An account's quotas, fair-share weight and what it uses now (``Client.account``;
-    docs/quotas.md). A cap of None is no cap."""
+    """An account's quotas, priority cap, fair-share weight and what it uses now
+    (``Client.account``; docs/quotas.md). A cap of None is no cap."""
 
     name: str
     cpu_millis: int | None
@@ -333,6 +333,9 @@ class Account:
     """Cap on the memory_mb (MiB) its assigned and running jobs hold."""
     max_pending: int | None
     """Cap on its pending and waiting jobs (a submission past it is refused)."""
+    max_priority: int | None
+    """The highest priority its users' jobs may have (None: the default,
+    ``runtime.accounts.DEFAULT_MAX_PRIORITY``, 0; operators are not capped)."""
     weight: float
     """Its fair-share weight (1 unless set)."""
     used_cpu_millis: int
@@ -431,7 +434,7 @@ def audit_from_pb(message: pb.AuditEntry) -> AuditEntry:
 
 def account_from_pb(message: pb.AccountInfo) -> Account:
     """An ``AccountInfo`` message as an :class:`Account` (a cap not set is None, 0 is a cap)."""
-    caps = {cap: int(getattr(message, cap)) if getattr(message, f"has_{cap}") else None for cap in CAPS}
+    caps = {cap: int(getattr(message, cap)) if getattr(message, f"has_{cap}") else None for cap in CLEARABLE}
     return _from_pb(Account, message, **caps)
 
 

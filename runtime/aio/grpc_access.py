@@ -18,7 +18,7 @@ from runtime import log
 from runtime.errors import PermissionDenied
 from runtime.identifiers import check_id
 from runtime.metrics import AUTH_REFUSALS
-from runtime.tls import WORKER, Identity, identity_of_peercert
+from runtime.tls import OPERATOR, WORKER, Identity, identity_of_peercert
 
 ANONYMOUS = "anonymous"
 """The account of a caller on a plaintext connection (a server run with ``--insecure``): the
@@ -66,6 +66,13 @@ class Caller:
         id (a user's account name, an operator's own id), :data:`ANONYMOUS` on a plaintext
         connection."""
         return self.id
+
+    @property
+    def priority_capped(self) -> bool:
+        """Whether the jobs it submits are held to its account's ``max_priority``
+        (docs/quotas.md, "Priority cap"): a user's are; an operator's are not, nor a plaintext
+        caller's (a server run with ``--insecure`` gives it every role)."""
+        return not self.acts_as((OPERATOR,))
 
     @property
     def scope(self) -> str | None:

@@ -26,6 +26,7 @@ from runtime.errors import (
     DatabaseUnavailable,
     DuplicateKey,
     FailedPrecondition,
+    InvalidArgument,
 )
 
 if TYPE_CHECKING:
@@ -54,8 +55,27 @@ TCP_USER_TIMEOUT_S = 10
 
 REFUSED_SQLSTATE = "SK001"
 """The SQLSTATE a statement of ours raises to refuse a request whole for a rule only the database
-can judge (schema.sql's check_max_pending): raised here as :class:`FailedPrecondition`, with the
-database's message (which names the account, its count and the cap)."""
+can judge (schema.sql's check_submission: max_pending): raised here as :class:`FailedPrecondition`,
+with the database's message (which names the account, its count and the cap)."""
+
+INVALID_SQLSTATE = "SK002"
+"""The SQLSTATE a statement of ours raises to refuse a request whole for input that breaks a rule
+only the database holds (schema.sql's check_submission: an account's max_priority): raised here as
+:class:`InvalidArgument`, its field the error's ``COLUMN``, its value the ``DETAIL`` (an integer
+when it reads as one), its rule the message and its detail the ``HINT``."""
+
+
+def invalid_argument(exc: BaseException) -> InvalidArgument:
+    """The :class:`InvalidArgument` a statement's :data:`INVALID_SQLSTATE` error stands for."""
+    value: object = getattr(exc, "detail", None) or ""
+    try:
+        value = int(str(value))
+    except ValueError:
+        pass
+    field = getattr(exc, "column_name", None) or "request"
+    rule = getattr(exc, "message", None) or str(exc)
+    return InvalidArgument(field, value, rule, detail=getattr(exc, "hint", None) or "")
+
 
 _STALE_STATEMENT_ERRORS = ("InvalidCachedStatementError", "OutdatedSchemaCacheError")
 
@@ -195,7 +215,8 @@ class PgConnection:
     connection breaks or a call goes unanswered for ``call_timeout_s`` (the owner then connects
     again), :class:`DatabaseBusy` when the server gave up on the statement, and
     :class:`DuplicateKey` when it broke a unique index, :class:`FailedPrecondition` when it raised
-    :data:`REFUSED_SQLSTATE` (rolled back whole); other SQL errors are asyncpg's own.
+    :data:`REFUSED_SQLSTATE` and :class:`InvalidArgument` when it raised :data:`INVALID_SQLSTATE`
+    (each rolled back whole); other SQL errors are asyncpg's own.
 
     Args:
         raw: the asyncpg connection (or a pool's proxy of one).
@@ -300,6 +321,8 @@ class PgConnection:
                 self._answered()
                 if getattr(exc, "sqlstate", None) == REFUSED_SQLSTATE:
                     raise FailedPrecondition(str(exc)) from exc
+                if getattr(exc, "sqlstate", None) == INVALID_SQLSTATE:
+                    raise invalid_argument(exc) from exc
                 raise
             self._answered()
             return result

@@ -25,7 +25,15 @@ ALICE = pb.AccountInfo(
     used_memory_mb=16384,
     queued_jobs=7,
 )
-BOB = pb.AccountInfo(name="bob", has_max_pending=True, max_pending=10, weight=2.0, queued_jobs=3)
+BOB = pb.AccountInfo(
+    name="bob",
+    has_max_pending=True,
+    max_pending=10,
+    has_max_priority=True,
+    max_priority=5,
+    weight=2.0,
+    queued_jobs=3,
+)
 
 
 @pytest.fixture
@@ -74,12 +82,32 @@ def test_set_sends_the_caps_given_and_those_cleared(calls: list[tuple[str, Any]]
     assert (second.has_cpu_millis, second.has_weight, second.clear) == (False, False, ["memory_mb"])
 
 
+def test_set_sends_the_max_priority_given_or_cleared(calls: list[tuple[str, Any]]) -> None:
+    """--max-priority is sent with its has_ flag (a negative one too); --clear-max-priority as a
+    setting to clear."""
+    assert run("account", "set", "alice", "--max-priority", "10").exit_code == 0
+    assert run("account", "set", "alice", "--max-priority", "-3").exit_code == 0
+    assert run("account", "set", "alice", "--clear-max-priority").exit_code == 0
+    (_, first), (_, second), (_, third) = calls
+    assert (first.has_max_priority, first.max_priority, first.has_cpu_millis) == (True, 10, False)
+    assert (second.has_max_priority, second.max_priority) == (True, -3)
+    assert (third.has_max_priority, third.clear) == (False, ["max_priority"])
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--cpu-millis", "-1"], "error: cpu_millis must be between 0 and 10000000000, got -1"),
         (["--max-pending", "100000001"], "error: max_pending must be between 0 and 100000000, got 100000001"),
         (["--weight", "0"], "error: weight must be a finite number > 0 and <= 1e+06, got 0.0"),
+        (
+            ["--max-priority", "1000001"],
+            "error: max_priority must be between -1000000 and 1000000, got 1000001",
+        ),
+        (
+            ["--max-priority", "1", "--clear-max-priority"],
+            "error: clear must not name a cap also given (max_priority=1), got 'max_priority'",
+        ),
         (["--weight", "inf"], "error: --weight must be a finite number, got 'inf'"),
         (
             ["--cpu-millis", "1", "--clear-cpu-millis"],
@@ -109,19 +137,20 @@ def test_a_name_breaking_the_id_rules_is_refused(calls: list[tuple[str, Any]]) -
 
 def test_list_shows_each_cap_beside_what_the_account_uses(calls: list[tuple[str, Any]]) -> None:
     """The table's rows: the account, used / cap for cpu_millis, memory_mb and queued jobs (``-``:
-    no cap), and the weight."""
+    no cap), the max priority (``0 (default)`` when not set), and the weight."""
     result = run("account", "list")
     assert result.exit_code == 0, result.output
     rows = [line.split() for line in result.output.splitlines() if line.strip().startswith(("alice", "bob"))]
     assert rows == [
-        ["alice", "32000", "/", "32000", "16384", "/", "65536", "7", "/", "-", "1"],
-        ["bob", "0", "/", "-", "0", "/", "-", "3", "/", "10", "2"],
+        ["alice", "32000", "/", "32000", "16384", "/", "65536", "7", "/", "-", "0", "(default)", "1"],
+        ["bob", "0", "/", "-", "0", "/", "-", "3", "/", "10", "5", "2"],
     ]
     assert result.output.rstrip().endswith("2 accounts")
 
 
 def test_show_json_prints_caps_weight_and_use(calls: list[tuple[str, Any]]) -> None:
-    """``show --json``: the caps (null: none), the weight and what the account uses now."""
+    """``show --json``: the caps (null: none), the max priority (null: the default), the weight
+    and what the account uses now."""
     result = run("account", "show", "alice", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.output) == {
@@ -129,6 +158,7 @@ def test_show_json_prints_caps_weight_and_use(calls: list[tuple[str, Any]]) -> N
         "cpu_millis": 32000,
         "memory_mb": 65536,
         "max_pending": None,
+        "max_priority": None,
         "weight": 1.0,
         "used_cpu_millis": 32000,
         "used_memory_mb": 16384,

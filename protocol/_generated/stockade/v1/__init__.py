@@ -113,6 +113,13 @@ class AccountInfo(betterproto2.Message):
 
     queued_jobs: "int" = betterproto2.field(11, betterproto2.TYPE_INT64)
 
+    has_max_priority: "bool" = betterproto2.field(12, betterproto2.TYPE_BOOL)
+    """
+    The highest priority its users' jobs may have (has_max_priority: false, the default, 0).
+    """
+
+    max_priority: "int" = betterproto2.field(13, betterproto2.TYPE_INT64)
+
 
 default_message_pool.register_message("stockade.v1", "AccountInfo", AccountInfo)
 
@@ -1385,10 +1392,19 @@ class SetAccountRequest(betterproto2.Message):
 
     clear: "list[str]" = betterproto2.field(10, betterproto2.TYPE_STRING, repeated=True)
     """
-    Caps to remove (no cap): any of cpu_millis, memory_mb, max_pending, none of them given.
+    Settings to remove: any of cpu_millis, memory_mb, max_pending (then no cap) and
+    max_priority (then the default, 0), none of them given.
     """
 
     idempotency_key: "str" = betterproto2.field(11, betterproto2.TYPE_STRING)
+
+    has_max_priority: "bool" = betterproto2.field(12, betterproto2.TYPE_BOOL)
+    """
+    The highest priority its users' jobs may have (a submission above it is refused):
+    -1000000 to 1000000, as a job's priority (has_max_priority: given). Operators are not capped.
+    """
+
+    max_priority: "int" = betterproto2.field(13, betterproto2.TYPE_INT64)
 
 
 default_message_pool.register_message("stockade.v1", "SetAccountRequest", SetAccountRequest)
