@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from agent import uid_cleanup
+from agent.work_folder import write_private
 from runtime.errors import PermanentError
 from runtime.os_users import RunAs
 from runtime.settings.agent import AGENT_BLOCKS_FIRST_UID, MAX_JOB_UID, AgentSettings
@@ -161,9 +162,7 @@ def _recording(block: UidBlock, work_dir: Path) -> UidBlock:
     """``block``, once recorded in ``work_dir`` (closed when it cannot be)."""
     try:
         work_dir.mkdir(parents=True, exist_ok=True)
-        tmp = work_dir / f"{BLOCK_RECORD}.tmp"
-        tmp.write_text(f"{block.first_uid}-{block.last_uid}\n")
-        os.replace(tmp, work_dir / BLOCK_RECORD)
+        write_private(work_dir / BLOCK_RECORD, f"{block.first_uid}-{block.last_uid}\n")
     except BaseException:
         block.close()
         raise
