@@ -25,6 +25,7 @@ from agent.job_record import RECORD_FILE, JobRecord, read_record
 from agent.job_results import JobResult, OutputPaths, command_result, container_result
 from agent.messages import JobState
 from agent.supervised import REAPER_SLACK_S, StopNotice, pass_stop_on
+from agent.work_folder import create_private
 from runtime.errors import LocalFileError
 from runtime.jobs import ContainerRuntime, SleepRuntime
 
@@ -42,7 +43,7 @@ def lock_work_dir(work_dir: Path) -> int:
         OSError: the file cannot be opened.
     """
     path = work_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = create_private(path, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -13,6 +13,7 @@ import os
 import trio
 
 from agent import adoption
+from agent.job_record import RECORD_FILE
 from agent.leave import Leaving
 from agent.messages import (
     AssignDecision,
@@ -24,6 +25,7 @@ from agent.messages import (
     RefusalReason,
     StopReason,
 )
+from agent.work_folder import close_work_folder
 from runtime import metrics
 from runtime.jobs import SleepRuntime
 
@@ -210,6 +212,7 @@ class Agent(Leaving):
         """
         self.address = address
         self._clock = trio.lowlevel.current_clock()
+        close_work_folder(self.work_dir, record_file=RECORD_FILE)
         self.joblog.open()
         try:
             lock = adoption.lock_work_dir(self.work_dir)

@@ -57,7 +57,10 @@ def write_fence_deadline(
     path = os.fspath(path)
     tmp = f"{path}.tmp"
     kill_at_s = pause_at_s if kill_at_s is None else max(kill_at_s, pause_at_s)
-    with open(tmp, "w", encoding="ascii") as file:
+    # The agent's and its (root) reapers' alone, whatever the umask.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    with open(fd, "w", encoding="ascii") as file:
         file.write(f"{pause_at_s!r} {kill_at_s!r}\n")
     os.replace(tmp, path)
 

@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from agent import uid_cleanup
+from agent.work_folder import write_private
 from runtime.errors import PermanentError
 from runtime.os_users import RunAs
 from runtime.settings.agent import AGENT_BLOCKS_FIRST_UID, MAX_JOB_UID, AgentSettings
@@ -34,7 +35,8 @@ BLOCK_COUNT = (MAX_JOB_UID + 1 - BLOCK_BASE_UID) // BLOCK_UIDS
 CLEANUP_THREADS = 2
 """Most clean-ups of one worker's uids at once, each in a thread of its own (a ``/proc`` scan
 and a walk of the temp folders): many jobs ending together wait their turn rather than take
-every thread trio lends."""
+every thread trio lends, and the uids that wait for a thread are cleaned up together, in one
+batch (:class:`_Batch`)."""
 BLOCK_RECORD = "uid-block"
 """In the worker's work folder: the block its agent claimed, ``FIRST-LAST``, claimed again
 first by the next agent process there (so that jobs it takes over keep their uids)."""
@@ -161,9 +163,7 @@ def _recording(block: UidBlock, work_dir: Path) -> UidBlock:
     """``block``, once recorded in ``work_dir`` (closed when it cannot be)."""
     try:
         work_dir.mkdir(parents=True, exist_ok=True)
-        tmp = work_dir / f"{BLOCK_RECORD}.tmp"
-        tmp.write_text(f"{block.first_uid}-{block.last_uid}\n")
-        os.replace(tmp, work_dir / BLOCK_RECORD)
+        write_private(work_dir / BLOCK_RECORD, f"{block.first_uid}-{block.last_uid}\n")
     except BaseException:
         block.close()
         raise
@@ -224,6 +224,18 @@ class UidPool:
         self.quarantined.add(uid)
 
 
+@attrs.define(eq=False)
+class _Batch:
+    """Uids whose clean-ups run as one (:func:`agent.uid_cleanup.clean_uids`): each uid's job
+    folders; ``problems`` by uid, set when ``done`` if it ``ran`` (else nothing was cleaned)."""
+
+    folders: dict[int, list[Path]] = attrs.field(factory=dict)
+    started: bool = False
+    ran: bool = False
+    done: trio.Event = attrs.field(factory=trio.Event)
+    problems: dict[int, list[str]] = attrs.field(factory=dict)
+
+
 @attrs.define(eq=False, kw_only=True)
 class JobIdentities:
     """A root agent's job uids: its pool, the block it holds, and the clean-up that decides
@@ -236,6 +248,8 @@ class JobIdentities:
     logger: Any = None
     cleanups: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(CLEANUP_THREADS))
     """The threads the clean-ups of this worker's uids may take at once."""
+    _gathering: _Batch = attrs.field(factory=_Batch, init=False)
+    """The batch that uids ending now join, until its first uid's task gets a thread."""
 
     @classmethod
     def claim(cls, settings: AgentSettings, *, logger: Any, lock_dir: Path = UID_BLOCK_DIR) -> JobIdentities:
@@ -270,12 +284,31 @@ class JobIdentities:
     async def release(self, uid: int, job_dir: Path | None) -> bool:
         """Remove what the job of ``uid`` left (:func:`agent.uid_cleanup.clean_uids`, in a
         thread; its ``job_dir`` given back to the agent), then give ``uid`` back; or, when
-        something is left, quarantine it and log what. Shielded; True when given back."""
+        something is left, quarantine it and log what. Shielded; True when given back.
+
+        Uids released while every clean-up thread is busy wait together and are cleaned up in
+        one batch (one walk of the temp folders for all of them); each is given back only once
+        its batch's clean-up has ended, so the guarantee is the same as one at a time."""
         with trio.CancelScope(shield=True):
-            folders = [] if job_dir is None else [job_dir]
-            problems = await trio.to_thread.run_sync(
-                lambda: uid_cleanup.clean_uids({uid}, folders, owner=self.owner), limiter=self.cleanups
-            )
+            batch = self._gathering
+            batch.folders[uid] = [] if job_dir is None else [job_dir]
+            if batch.started:
+                await batch.done.wait()
+            else:
+                batch.started = True  # this task runs the batch; the others wait for it
+                try:
+                    async with self.cleanups:
+                        self._gathering = _Batch()  # later uids wait for the next batch
+                        folders = dict(batch.folders)
+                        batch.problems = await trio.to_thread.run_sync(
+                            lambda: uid_cleanup.clean_uids(folders, owner=self.owner)
+                        )
+                        batch.ran = True
+                finally:
+                    if self._gathering is batch:
+                        self._gathering = _Batch()
+                    batch.done.set()
+        problems = batch.problems.get(uid, []) if batch.ran else ["clean-up did not run"]
         if problems:
             self.pool.quarantine(uid)
             if self.logger is not None:
@@ -312,10 +345,8 @@ class JobIdentities:
         for folder in folders:
             with contextlib.suppress(OSError):
                 uid_cleanup.give_back(folder, *self.owner)
-        for path in uid_cleanup.remove_temp_files(clean, owner=self.owner):
-            with contextlib.suppress(OSError):
-                if (uid := os.lstat(path).st_uid) in clean:
-                    self.pool.quarantine(uid)
-                    left.add(uid)
+        for uid in uid_cleanup.remove_temp_files(clean, owner=self.owner):
+            self.pool.quarantine(uid)
+            left.add(uid)
         uid_cleanup.remove_ipc(clean)
         return sorted(left)

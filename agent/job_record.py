@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from agent.messages import JobOrder
+from agent.work_folder import write_private
 from runtime.jobs import CommandRuntime, ContainerRuntime, JobRuntime, JobSpec, SleepRuntime
 
 RECORD_FILE = "job.record"
@@ -118,10 +118,8 @@ class JobRecord:
 def write_record(job_dir: Path, record: JobRecord) -> None:
     """Write ``record`` to ``job_dir`` (created if missing), replacing the previous one atomically;
     raises OSError when it cannot be written."""
-    job_dir.mkdir(parents=True, exist_ok=True)
-    tmp = job_dir / f"{RECORD_FILE}.tmp"
-    tmp.write_text(record.to_json() + "\n", encoding="utf-8")
-    os.replace(tmp, job_dir / RECORD_FILE)
+    job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_private(job_dir / RECORD_FILE, record.to_json() + "\n")
 
 
 def read_record(job_dir: Path) -> JobRecord | None:

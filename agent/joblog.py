@@ -6,6 +6,7 @@ line and when each is written: docs/design.md, "The job log: agent.jsonl".
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -15,6 +16,7 @@ import attrs
 import trio
 
 from agent.dbclock import DatabaseClock
+from agent.work_folder import create_private
 
 
 class LogEvent(StrEnum):
@@ -56,7 +58,9 @@ class JobLog:
         OSError when the folder or the file cannot be created."""
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("a", encoding="utf-8")
+            # It names every job of the worker: the agent's alone (jobs run as other uids).
+            fd = create_private(self.path, os.O_WRONLY | os.O_APPEND)
+            self._file = os.fdopen(fd, "a", encoding="utf-8")
 
     def close(self) -> None:
         """Close the file (idempotent)."""

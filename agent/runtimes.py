@@ -323,7 +323,7 @@ async def _run_command(
                 raise _CannotConfine(f"resources_error: cannot make the job's cgroup: {exc}") from exc
         confinement = Confinement() if confined is None else confined.confinement
         try:
-            job_dir.mkdir(parents=True, exist_ok=True)
+            job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             deadman.clear_files(job_dir)
             switch = run_as is not None and run_as.is_other_user
             home = job_dir

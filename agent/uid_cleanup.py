@@ -1,7 +1,7 @@
 """What a job's uid leaves behind, and its removal before the uid is given to another job
-(:func:`clean_uids`): processes (a ``/proc`` scan), its job folder (given back to the agent),
-files in the world-writable temp folders (:func:`remove_temp_files`), SysV IPC objects.
-Blocking: run it in a thread."""
+(:func:`clean_uids`, for a batch of uids at once): processes (a ``/proc`` scan), its job folder
+(given back to the agent), files in the world-writable temp folders (:func:`remove_temp_files`,
+one walk for the whole batch), SysV IPC objects. Blocking: run it in a thread."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 import signal
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 TEMP_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
@@ -67,17 +67,23 @@ def kill_processes(uids: Iterable[int], *, wait_s: float = KILL_WAIT_S) -> list[
     """SIGKILL every process of ``uids`` (:func:`processes_of`) until none is left, or
     ``wait_s`` seconds have passed; the pids still there (empty: none left). A process forked
     between two scans is found by the next one: the uid cannot hide in a new pid."""
-    uids = set(uids)
+    return sorted(_kill(set(uids), wait_s=wait_s))
+
+
+def _kill(uids: set[int], *, wait_s: float) -> dict[int, set[int]]:
+    """:func:`kill_processes`: the processes left, each with which of ``uids`` it has."""
     until = time.monotonic() + wait_s
     while True:
-        left = processes_of(uids)
+        left = {
+            pid: uids.intersection(held) for pid, held in process_uids().items() if uids.intersection(held)
+        }
         if not left:
-            return []
+            return {}
         for pid in left:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         if time.monotonic() >= until:
-            return sorted(left)
+            return left
         time.sleep(0.01)
 
 
@@ -151,15 +157,16 @@ def _reachable(info: os.stat_result, uids: set[int]) -> bool:
     return bool(mode & stat.S_IXOTH)
 
 
-def _owned_under(root: str, uids: set[int]) -> list[str]:
+def _owned_under(root: str, uids: set[int]) -> list[tuple[str, int]]:
     """What under ``root`` belongs to one of ``uids`` (a folder of theirs once, not what is in
-    it), descending only into folders such a job could search; iterative, as :func:`_tree`."""
+    it), with its owner, descending only into folders such a job could search; iterative, as
+    :func:`_tree`."""
     owned = []
     stack = [root]
     while stack:
         for path, info in _entries(stack.pop()):
             if info.st_uid in uids:
-                owned.append(path)
+                owned.append((path, info.st_uid))
             elif stat.S_ISDIR(info.st_mode) and _reachable(info, uids):
                 stack.append(path)
     return owned
@@ -167,15 +174,16 @@ def _owned_under(root: str, uids: set[int]) -> list[str]:
 
 def remove_temp_files(
     uids: Iterable[int], *, owner: tuple[int, int], folders: Iterable[str] = TEMP_FOLDERS
-) -> list[str]:
-    """Remove what ``uids`` own in ``folders`` (a folder of theirs with all it holds); what
-    they own deeper, in a folder of someone else's they could write to (a results folder an
-    operator shares with jobs), is given to ``owner`` instead (:func:`give_back`): kept, but no
-    later holder of the uid owns it. Returns what could not be removed or given."""
+) -> dict[int, list[str]]:
+    """Remove what ``uids`` own in ``folders`` (a folder of theirs with all it holds), in one
+    walk of each folder for all of them; what they own deeper, in a folder of someone else's
+    they could write to (a results folder an operator shares with jobs), is given to ``owner``
+    instead (:func:`give_back`): kept, but no later holder of the uid owns it. Returns what
+    could not be removed or given, by the uid that owned it (none: everything went)."""
     wanted = set(uids)
-    failed = []
+    failed: dict[int, list[str]] = {}
     for folder in folders:
-        for path in _owned_under(folder, wanted):
+        for path, uid in _owned_under(folder, wanted):
             try:
                 if os.path.dirname(path) != folder:
                     give_back(Path(path), *owner)
@@ -186,12 +194,17 @@ def remove_temp_files(
             except FileNotFoundError:
                 pass
             except OSError:
-                failed.append(path)
+                failed.setdefault(uid, []).append(path)
     return failed
 
 
 def ipc_objects(uids: Iterable[int], sysvipc: str = "/proc/sysvipc") -> list[tuple[str, int]]:
     """The SysV IPC objects (kind ``shm``/``msg``/``sem``, id) owned or created by ``uids``."""
+    return [(kind, ident) for kind, ident, _ in _ipc_objects_of(uids, sysvipc)]
+
+
+def _ipc_objects_of(uids: Iterable[int], sysvipc: str = "/proc/sysvipc") -> list[tuple[str, int, int]]:
+    """:func:`ipc_objects`, each with the one of ``uids`` that owns (else created) it."""
     wanted = {str(u) for u in uids}
     found = []
     for kind, (id_at, uid_at, _) in _IPC_TABLES.items():
@@ -202,13 +215,19 @@ def ipc_objects(uids: Iterable[int], sysvipc: str = "/proc/sysvipc") -> list[tup
             continue
         for line in lines:
             cols = line.split()
-            if len(cols) > max(uid_at) and any(cols[i] in wanted for i in uid_at):
-                found.append((kind, int(cols[id_at])))
+            if len(cols) > max(uid_at) and (held := [cols[i] for i in uid_at if cols[i] in wanted]):
+                found.append((kind, int(cols[id_at]), int(held[0])))
     return found
 
 
 def remove_ipc(uids: Iterable[int]) -> list[tuple[str, int]]:
     """Remove the SysV IPC objects of ``uids`` (IPC_RMID); returns those that remain."""
+    return [(kind, ident) for kind, ident, _ in _remove_ipc_of(uids)]
+
+
+def _remove_ipc_of(uids: Iterable[int]) -> list[tuple[str, int, int]]:
+    """:func:`remove_ipc`, each object that remains with its uid."""
+    uids = set(uids)
     libc = ctypes.CDLL(None, use_errno=True)
     for kind, ident in ipc_objects(uids):
         function = getattr(libc, _IPC_TABLES[kind][2])
@@ -216,35 +235,49 @@ def remove_ipc(uids: Iterable[int]) -> list[tuple[str, int]]:
             function(ident, 0, _IPC_RMID)
         else:
             function(ident, _IPC_RMID, None)
-    return ipc_objects(uids)
+    return _ipc_objects_of(uids)
 
 
 def clean_uids(
-    uids: Iterable[int], folders: Iterable[Path], *, owner: tuple[int, int], wait_s: float = KILL_WAIT_S
-) -> list[str]:
-    """Remove what ``uids`` left: their processes (waiting ``wait_s`` seconds at most for them
-    to be gone), then (nothing of theirs running any more)
-    their files in the temp folders and their IPC objects; ``folders`` (their jobs' work
-    folders) are given to ``owner`` (uid, gid: the agent's). Returns what could not be
-    cleaned, one line each (empty: nothing of ``uids`` is left, they may be given out)."""
+    folders: Mapping[int, Sequence[Path]], *, owner: tuple[int, int], wait_s: float = KILL_WAIT_S
+) -> dict[int, list[str]]:
+    """Remove what the uids that are the keys of ``folders`` left, all at once (one ``/proc``
+    scan per round of kills, one walk of each temp folder, one read of the IPC tables, however
+    many uids): their processes (waiting ``wait_s`` seconds at most for them to be gone), then,
+    for each uid none of whose processes is left, its files in the temp folders and its IPC
+    objects; its ``folders`` (its job's folder) are given to ``owner`` (uid, gid: the agent's).
+
+    Returns, by uid, what could not be cleaned, one line each; a uid missing from it has
+    nothing left and may be given out again. A uid with a process left is not cleaned further
+    (while a process lives it can make new files)."""
     try:
-        return _clean(set(uids), folders, owner=owner, wait_s=wait_s)
-    except Exception as exc:  # a bug or an odd file system: the uid is kept out, the agent lives
-        return [f"clean-up failed: {exc!r}"]
+        return _clean(folders, owner=owner, wait_s=wait_s)
+    except Exception as exc:  # a bug or an odd file system: the uids are kept out, the agent lives
+        return {uid: [f"clean-up failed: {exc!r}"] for uid in folders}
 
 
-def _clean(uids: set[int], folders: Iterable[Path], *, owner: tuple[int, int], wait_s: float) -> list[str]:
+def _clean(
+    folders: Mapping[int, Sequence[Path]], *, owner: tuple[int, int], wait_s: float
+) -> dict[int, list[str]]:
     """:func:`clean_uids`, raising what it did not foresee."""
-    problems = []
-    left = kill_processes(uids, wait_s=wait_s)
-    if left:
-        # While a process lives it can make new files: nothing after this is worth doing.
-        return [f"processes still running after SIGKILL: {left[:10]}"]
-    for folder in folders:
-        try:
-            give_back(folder, *owner)
-        except OSError as exc:
-            problems.append(f"cannot give {folder} back to uid {owner[0]}: {exc}")
-    problems.extend(f"cannot remove {path}" for path in remove_temp_files(uids, owner=owner))
-    problems.extend(f"cannot remove SysV {kind} {ident}" for kind, ident in remove_ipc(uids))
+    problems: dict[int, list[str]] = {}
+    holders: dict[int, list[int]] = {}
+    for pid, held in _kill(set(folders), wait_s=wait_s).items():
+        for uid in held:
+            holders.setdefault(uid, []).append(pid)
+    for uid, pids in holders.items():
+        problems[uid] = [f"processes still running after SIGKILL: {sorted(pids)[:10]}"]
+    clean = set(folders) - set(problems)
+    if not clean:
+        return problems
+    for uid in clean:
+        for folder in folders[uid]:
+            try:
+                give_back(folder, *owner)
+            except OSError as exc:
+                problems.setdefault(uid, []).append(f"cannot give {folder} back to uid {owner[0]}: {exc}")
+    for uid, paths in remove_temp_files(clean, owner=owner).items():
+        problems.setdefault(uid, []).extend(f"cannot remove {path}" for path in paths)
+    for kind, ident, uid in _remove_ipc_of(clean):
+        problems.setdefault(uid, []).append(f"cannot remove SysV {kind} {ident}")
     return problems

@@ -13,7 +13,7 @@ AUDIT_PARAMS = 5
 account and peer address, and the call's key arguments (JSON text)."""
 
 
-def once(rpc: str, effect: str, *, params: int, action: str, steps: str = "") -> str:
+def once(rpc: str, effect: str, *, params: int, action: str, steps: str = "", changed: str = "true") -> str:
     """A mutating call's statement, carried out at most once per idempotency key
     (:mod:`actors.idempotency`): ``effect`` (a data-modifying statement with ``params``
     parameters that writes only when the CTE ``fresh`` has a row, and returns the rows that
@@ -25,8 +25,8 @@ def once(rpc: str, effect: str, *, params: int, action: str, steps: str = "") ->
       when the effect returned any (a call that changed nothing, such as a cancel of an
       unknown job, stores no key either);
     - writes one row of ``audit_log`` (``action``; the effect's ``id`` column as its target
-      ids; who, from where and the key arguments from the audit parameters) in the same case,
-      so a replayed copy or a call that changed nothing writes none;
+      ids; who, from where and the key arguments from the audit parameters) in the same case
+      when ``changed`` holds too, so a replayed copy or a call that changed nothing writes none;
     - returns one row: ``replayed`` (the key was stored already), ``rpc`` and
       ``request_sha256`` of the stored call (NULL when not replayed), and ``answer``, the
       stored answer or the new one.
@@ -34,6 +34,12 @@ def once(rpc: str, effect: str, *, params: int, action: str, steps: str = "") ->
     ``steps``: CTEs (``name AS (...),`` each, a trailing comma included) put between ``fresh``
     and ``effect``, for an effect made of several steps (a data-modifying CTE must be at the
     top level); a step that writes must write only when ``fresh`` has a row, as the effect.
+
+    ``changed``: an SQL boolean expression (over ``steps``' CTEs) that holds when the call
+    changed something; false for a call that found everything as it asked (a second cancel of
+    a job, a cordon of a cordoned worker): it is answered (and its key stored) as any other,
+    but writes no audit row. The trail so says what happened (docs/accounts.md). Default: every
+    call that returned rows changed something.
 
     Parameters: the effect's ``$1 .. $params``, then the :data:`AUDIT_PARAMS` audit ones, then
     the key and the request's sha256. A copy that stored the key after this statement's snapshot
@@ -62,7 +68,7 @@ audited AS (
     INSERT INTO audit_log (role, actor_id, account, address, action, target_ids, arguments)
     SELECT {role}::text, {actor_id}::text, {account}::text, {address}::text, '{action}',
            (SELECT jsonb_agg(e.id ORDER BY e.id) FROM effect e), {arguments}::jsonb
-      FROM answer WHERE answer.n > 0
+      FROM answer WHERE answer.n > 0 AND ({changed})
 )
 SELECT prior.rpc IS NOT NULL AS replayed, prior.rpc, prior.request_sha256,
        coalesce(prior.answer, answer.rows)::text AS answer
@@ -245,8 +251,11 @@ HAVING count(*) > 0
 """,
     params=3,
     action="cancel",
+    # Something changed: a job that had not ended and was not being cancelled already.
+    changed="""EXISTS (SELECT FROM targets
+                 WHERE was IN ('waiting', 'pending', 'assigned', 'running') AND NOT was_requested)""",
     steps="""targets AS (
-    SELECT id, state AS was FROM jobs
+    SELECT id, state AS was, cancel_requested AS was_requested FROM jobs
      WHERE EXISTS (SELECT FROM fresh)
        AND ($3::text IS NULL OR owner = $3::text)
        AND (id = $1::bigint
@@ -550,6 +559,15 @@ RETURNING id, cordoned_at IS NOT NULL AS cordoned, drain_requested_at IS NOT NUL
             WHERE a.worker_id = workers.id AND a.state = 'active') AS job_ids
 """
 
+# The worker $1 as the call found it, for a cordon's and an uncordon's ``changed`` (see once):
+# locked (a concurrent call's change is seen, not missed) before the update, which names it so
+# that it runs first (run after, FOR UPDATE would pass over the row this statement changed).
+_WORKER_BEFORE = """before AS (
+    SELECT cordoned_at, drain_requested_at, unhealthy_at FROM workers
+     WHERE id = $1::text AND EXISTS (SELECT FROM fresh)
+       FOR UPDATE
+),"""
+
 # $1 worker id; then the audit's, the idempotency key and the request's sha256 (see once). No new
 # placement on the worker from now on (schema.sql, workers.cordoned_at); a cordon already there is
 # kept with its time. Answer rows: _WORKER_SCHEDULE (none: no such worker).
@@ -557,11 +575,13 @@ CORDON_WORKER = once(
     "cordon_worker",
     """
 UPDATE workers SET cordoned_at = coalesce(cordoned_at, now())
- WHERE id = $1::text AND EXISTS (SELECT FROM fresh)
+ WHERE id = $1::text AND EXISTS (SELECT FROM before)
 """
     + _WORKER_SCHEDULE,
     params=1,
     action="cordon",
+    steps=_WORKER_BEFORE,
+    changed="EXISTS (SELECT FROM before WHERE cordoned_at IS NULL)",
 )
 
 # $1 worker id; then the audit's, the key and the sha256. Ends the cordon and any drain (jobs a
@@ -577,11 +597,14 @@ UPDATE workers SET cordoned_at = NULL, drain_requested_at = NULL, drain_deadline
                    health_version = health_version + (unhealthy_at IS NOT NULL)::int,
                    unhealthy_at = NULL, unhealthy_marked_at = NULL, unhealthy_reason = '',
                    unhealthy_probe_at = NULL
- WHERE id = $1::text AND EXISTS (SELECT FROM fresh)
+ WHERE id = $1::text AND EXISTS (SELECT FROM before)
 """
     + _WORKER_SCHEDULE,
     params=1,
     action="uncordon",
+    steps=_WORKER_BEFORE,
+    changed="""EXISTS (SELECT FROM before WHERE cordoned_at IS NOT NULL
+                                        OR drain_requested_at IS NOT NULL OR unhealthy_at IS NOT NULL)""",
 )
 
 # $1 worker id, $2 deadline (seconds from now, database time; NULL: none); then the audit's, the

@@ -40,6 +40,7 @@ from ops.launcher.state import (
     ProcessSpec,
     StateDir,
     WorkerSpec,
+    open_log,
     str_tuple,
 )
 from ops.launcher.up import Launcher
@@ -328,7 +329,7 @@ class LocalCluster(Launcher):
         if spec.kind == "fleet":
             self._write_fleet_spec(spec.id, hosted)
         log_path = self.state.log_path(spec.id)
-        with log_path.open("ab") as log_file:
+        with open_log(log_path) as log_file:
             process = subprocess.Popen(
                 [sys.executable, *self.launcher, *spec.args],
                 stdin=subprocess.DEVNULL,

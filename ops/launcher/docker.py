@@ -36,6 +36,7 @@ from ops.launcher.state import (
     DockerSpec,
     ProcessSpec,
     StateDir,
+    open_log,
 )
 from ops.launcher.up import Launcher
 
@@ -281,7 +282,7 @@ class DockerCluster(Launcher):
         if old is not None:
             old.remove(force=True)
         log_path = self.state.log_path(process_id)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
+        open_log(log_path).close()  # the container's shell appends to it: made private first
         mounts = {**{str(path): {"bind": str(path), "mode": mode} for path, mode in binds.items()}}
         mounts[str(log_path.parent)] = {"bind": str(log_path.parent), "mode": "rw"}
         api = self.client.api

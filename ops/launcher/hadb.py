@@ -46,7 +46,7 @@ from ops.launcher.pg_secrets import PG_SUPERUSER, write_secret
 from ops.launcher.pg_tools import postgres_bin_path
 from ops.launcher.pg_user import ensure_install_readable, flocked, server_user, socket_dir
 from ops.launcher.ports import free_port
-from ops.launcher.state import LISTEN_HOST
+from ops.launcher.state import LISTEN_HOST, open_log
 from runtime.os_users import RunAs, chown, ensure_traversable
 from runtime.text import tail_lines
 
@@ -383,7 +383,7 @@ class HaPostgres:
         }
         kwargs = run_as.subprocess_kwargs() if run_as is not None else {}
         try:
-            with log_path.open("ab") as log:
+            with open_log(log_path) as log:
                 if run_as is not None and run_as.is_other_user:
                     os.fchown(log.fileno(), run_as.uid, run_as.gid)
                 process = subprocess.Popen(

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import attrs
 
@@ -36,6 +36,7 @@ __all__ = [
     "console_url",
     "iter_worker_logs",
     "metrics_address",
+    "open_log",
 ]
 
 MARKER_ENV = "STOCKADE_CLUSTER_DIR"
@@ -54,6 +55,45 @@ WORKER_CAPACITIES: tuple[tuple[int, int], ...] = (
 """(cpu_millis, memory_mb) of w-1, w-2, ...; cycles for more workers."""
 
 CONFIG_VERSION = 1
+
+PASS_THROUGH_MODE = 0o711
+"""The state folder and its ``workers/``: another user (a job's uid, the database's user) may
+pass through to a folder of its own there, never list them."""
+PRIVATE_DIR_MODE = 0o700
+"""``logs/``, ``pids/`` and ``fleets/``: the launcher's user's alone."""
+PRIVATE_FILE_MODE = 0o600
+"""Every process's log (``logs/*.log``) and ``events.jsonl``: they name every account's jobs
+and commands, so they are the launcher's user's alone."""
+_SUBDIR_MODES = {
+    "logs": PRIVATE_DIR_MODE,
+    "pids": PRIVATE_DIR_MODE,
+    "workers": PASS_THROUGH_MODE,
+    "fleets": PRIVATE_DIR_MODE,
+}
+
+
+def _set_mode(path: Path, mode: int) -> None:
+    """chmod ``path`` to ``mode`` (not a symlink's target), unless it is so already."""
+    if (path.lstat().st_mode & 0o7777) != mode:
+        path.chmod(mode)
+
+
+def open_log(path: Path) -> IO[bytes]:
+    """``path`` opened for appending bytes, created mode :data:`PRIVATE_FILE_MODE` whatever the
+    umask (and made so if it was not), its folder created as needed; the caller closes it.
+
+    Raises:
+        OSError: it cannot be opened or its mode set.
+    """
+    path.parent.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+    try:
+        if (os.fstat(fd).st_mode & 0o7777) != PRIVATE_FILE_MODE:
+            os.fchmod(fd, PRIVATE_FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "ab")
 
 
 def str_tuple(items: Iterable[str]) -> tuple[str, ...]:
@@ -356,8 +396,8 @@ class StateDir:
         """Append one fault (``kind`` of :data:`ops.checker.FAULT_KINDS`; Unix seconds) to
         :attr:`events_path`."""
         line = {"kind": kind, "target": target, "at": at, "until": at if until is None else until}
-        with self.events_path.open("a", encoding="utf-8") as out:
-            out.write(json.dumps(line) + "\n")
+        with open_log(self.events_path) as out:
+            out.write(json.dumps(line).encode() + b"\n")
 
     def pid_path(self, process_id: str) -> Path:
         return self.root / "pids" / f"{process_id}.pid"
@@ -377,8 +417,21 @@ class StateDir:
         return self.root / "fleets" / f"{fleet_id}.json"
 
     def create(self) -> None:
-        for sub in ("logs", "pids", "workers", "fleets"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        """Create the folder and its parts with their modes (:data:`PASS_THROUGH_MODE` for it
+        and ``workers/``, :data:`PRIVATE_DIR_MODE` for the others), and close what an earlier
+        release left open: its logs and ``events.jsonl`` become :data:`PRIVATE_FILE_MODE`.
+
+        Raises:
+            OSError: a folder cannot be created or its mode set.
+        """
+        self.root.mkdir(mode=PASS_THROUGH_MODE, parents=True, exist_ok=True)
+        _set_mode(self.root, PASS_THROUGH_MODE)
+        for sub, mode in _SUBDIR_MODES.items():
+            (self.root / sub).mkdir(mode=mode, exist_ok=True)
+            _set_mode(self.root / sub, mode)
+        for path in [*(self.root / "logs").glob("*.log"), self.events_path]:
+            with contextlib.suppress(FileNotFoundError):
+                _set_mode(path, PRIVATE_FILE_MODE)
 
     @contextlib.contextmanager
     def locked(self, *, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:

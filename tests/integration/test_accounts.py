@@ -334,3 +334,38 @@ async def test_without_tls_jobs_belong_to_anonymous(database_url: str) -> None:
     assert [(*r[:3], r[4]) for r in await fetch(database_url, AUDIT_ROWS)] == [
         ("plaintext", "anonymous", "anonymous", "submit")
     ]
+
+
+async def test_a_call_that_changed_nothing_is_answered_but_writes_no_audit_row(
+    database_url: str, certs: Path
+) -> None:
+    """A second cancel of a cancelled job or of one being cancelled on its worker (a new call,
+    not a retry), a cordon of a cordoned worker and an uncordon of an uncordoned one are answered
+    as the first were, and the trail holds one row for each change that happened, none for the
+    calls that changed nothing."""
+    async with mtls_control_plane(database_url, certs) as address:
+        await register_w1(address, certs)
+        job_id = await submit(address, certs, "alice")
+        answers = [await call(address, certs, "alice", "cancel_job", cancel(job_id)) for _ in range(2)]
+        assert [(a.state, a.tasks) for a in answers] == [("cancelled", 0)] * 2
+        running = await submit(address, certs, "alice")
+        await fetch(database_url, "UPDATE jobs SET state = 'running' WHERE id = $1", running)
+        answers = [await call(address, certs, "alice", "cancel_job", cancel(running)) for _ in range(2)]
+        assert [a.state for a in answers] == ["cancelling"] * 2
+        for rpc, request in [
+            ("cordon_worker", pb.CordonWorkerRequest(worker_id="w-1")),
+            ("cordon_worker", pb.CordonWorkerRequest(worker_id="w-1")),
+            ("uncordon_worker", pb.UncordonWorkerRequest(worker_id="w-1")),
+            ("uncordon_worker", pb.UncordonWorkerRequest(worker_id="w-1")),
+        ]:
+            reply = await call(address, certs, "operator", rpc, with_idempotency_key(request))
+            assert reply.cordoned == (rpc == "cordon_worker")
+    rows = await fetch(database_url, AUDIT_ROWS)
+    assert [(r[1], r[4], json.loads(r[5])) for r in rows] == [
+        ("alice", "submit", [job_id]),
+        ("alice", "cancel", [job_id]),
+        ("alice", "submit", [running]),
+        ("alice", "cancel", [running]),
+        ("operator", "cordon", ["w-1"]),
+        ("operator", "uncordon", ["w-1"]),
+    ]

@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from agent import uid_cleanup
-from agent.identities import JobIdentities
+from agent.identities import CLEANUP_THREADS, JobIdentities
 from agent.job_results import JobResult
 from agent.messages import JobState
 from agent.runtimes import job_dir_for, run_job
@@ -88,6 +88,11 @@ async def _identities(tmp_path: Path) -> AsyncIterator[JobIdentities]:
 def _words(path: Path) -> list[str]:
     """The words of file ``path`` (none while it is missing)."""
     return path.read_text().split() if path.exists() else []
+
+
+def _left(path: str) -> bool:
+    """Whether anything (a symlink included) is at ``path``."""
+    return os.path.lexists(path)
 
 
 def _state(pid: int) -> str:
@@ -234,6 +239,52 @@ async def test_a_uid_comes_back_only_without_what_its_job_left(tmp_path: Path) -
         for path in (Path(f"/tmp/{tag}"), Path(f"/tmp/{tag}.d"), Path(f"/dev/shm/{tag}")):
             assert not path.exists() and not path.is_symlink(), path
         assert uid not in ids.pool.held and uid not in ids.pool.quarantined
+
+
+async def test_uids_released_together_are_cleaned_up_in_one_walk_of_the_temp_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight jobs, each leaving a file in /tmp, whose uids are released at once: each file is
+    gone and each uid given back, after fewer walks of /tmp than uids (one per batch of uids
+    that waited for a clean-up thread together, not one per uid)."""
+    walks: list[str] = []
+    owned_under = uid_cleanup._owned_under
+
+    def counted(root: str, uids: set[int]) -> list[tuple[str, int]]:
+        walks.append(root)
+        return owned_under(root, uids)
+
+    monkeypatch.setattr(uid_cleanup, "_owned_under", counted)
+    async with _identities(tmp_path) as ids:
+        runs = [(run_as, tmp_path / "jobs" / f"{n}-{n}") for n in range(8) if (run_as := ids.run_as())]
+        tag = f"stockade-test-{os.getpid()}-batch"
+
+        async def run(run_as: RunAs, job_dir: Path) -> None:
+            result = await run_job(
+                CommandRuntime(argv=("sh", "-c", f"echo left > /tmp/{tag}-{run_as.uid}")),
+                job_dir=job_dir,
+                stop=trio.Event(),
+                stop_grace_s=1.0,
+                run_as=run_as,
+            )
+            assert result.state is JobState.SUCCEEDED, (job_dir / "stderr.log").read_text()
+
+        async with trio.open_nursery() as nursery:
+            for run_as, job_dir in runs:
+                nursery.start_soon(run, run_as, job_dir)
+        given: list[bool] = []
+
+        async def release(uid: int, job_dir: Path) -> None:
+            given.append(await ids.release(uid, job_dir))
+
+        async with trio.open_nursery() as nursery:
+            for run_as, job_dir in runs:
+                nursery.start_soon(release, run_as.uid, job_dir)
+        assert given == [True] * 8
+        for run_as, _ in runs:
+            assert not _left(f"/tmp/{tag}-{run_as.uid}")
+            assert run_as.uid not in ids.pool.held and run_as.uid not in ids.pool.quarantined
+    assert 1 <= walks.count("/tmp") <= CLEANUP_THREADS + 1 < 8, walks
 
 
 async def test_a_setuid_file_a_job_left_gives_a_later_job_nothing(tmp_path: Path) -> None:

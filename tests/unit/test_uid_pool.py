@@ -189,13 +189,15 @@ async def test_a_uid_whose_clean_up_fails_is_quarantined_and_logged(
 
     pool = UidPool(5000, 5001)
     ids = JobIdentities(pool=pool, logger=Logger())
-    monkeypatch.setattr(uid_cleanup, "clean_uids", lambda uids, folders, owner: ["processes still running"])
+    monkeypatch.setattr(
+        uid_cleanup, "clean_uids", lambda folders, owner: {u: ["processes still running"] for u in folders}
+    )
     uid = pool.claim()
     assert uid == 5000
     assert not await ids.release(uid, tmp_path)
     assert pool.quarantined == {5000}
     assert logged[0][1]["uid"] == 5000 and logged[0][1]["problems"] == ["processes still running"]
-    monkeypatch.setattr(uid_cleanup, "clean_uids", lambda uids, folders, owner: [])
+    monkeypatch.setattr(uid_cleanup, "clean_uids", lambda folders, owner: {})
     other = pool.claim()
     assert other == 5001
     assert await ids.release(other, None)
@@ -213,8 +215,8 @@ def test_a_process_that_outlives_sigkill_is_reported_and_nothing_else_is_touched
     monkeypatch.setattr(uid_cleanup.os, "kill", lambda pid, sig: killed.append(pid))
     given: list[Path] = []
     monkeypatch.setattr(uid_cleanup, "give_back", lambda folder, u, g: given.append(folder))
-    problems = uid_cleanup.clean_uids({uid}, [tmp_path], owner=(0, 0), wait_s=0.05)
-    assert problems == ["processes still running after SIGKILL: [12345]"]
+    problems = uid_cleanup.clean_uids({uid: [tmp_path]}, owner=(0, 0), wait_s=0.05)
+    assert problems == {uid: ["processes still running after SIGKILL: [12345]"]}
     assert killed and set(killed) == {12345} and not given
 
 
