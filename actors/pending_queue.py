@@ -210,14 +210,11 @@ class PendingQueue:
         """Each job's index into :attr:`owners` (new accounts are added), as an int64 array."""
         return _indexes((j.owner for j in jobs), self._owner_index, self.owners)
 
-    def owner_of(self, job_ids: Iterable[int]) -> dict[int, str]:
-        """The account of each of ``job_ids`` the queue holds, by job id."""
-        wanted = np.fromiter(job_ids, dtype=np.int64)
-        at = np.flatnonzero(np.isin(self.ids, wanted))
-        return {
-            int(i): self.owners[int(o)]
-            for i, o in zip(self.ids[at].tolist(), self.owner[at].tolist(), strict=True)
-        }
+    def accounts_queued(self) -> int:
+        """How many accounts own the jobs held now (0 for none)."""
+        if not self.owner.size:
+            return 0
+        return int(np.count_nonzero(np.bincount(self.owner, minlength=len(self.owners))))
 
     def waiting_for_backoff(self, now: float) -> set[int]:
         """The jobs whose requeue backoff has not passed at ``now``."""

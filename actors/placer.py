@@ -118,8 +118,7 @@ class Placer(FencedWrites):
     _preempt_checked: tuple[tuple[int, ...], float] = ((), -math.inf)
     """The candidates of the last preemption read, and when it was (trio time)."""
     _shares: dict[str, AccountShare] = attrs.field(factory=dict)
-    """Fair share's accounts as last read, with what this placer placed since added."""
-    _shares_read_at: float = -math.inf
+    """Fair share's accounts as last read."""
     _past_read_at: float = -math.inf
     _past: dict[str, tuple[float, float]] = attrs.field(factory=dict)
     """Account -> its decayed past use (cpu_millis, memory_mb) as last read."""
@@ -194,11 +193,11 @@ class Placer(FencedWrites):
             self.queue.remove(await self.store.no_longer_pending(self._reserving))
             self._reserving_checked_at = trio.current_time()
             self._reserving = []
-        if s.fair_share:
+        if s.fair_share and self.queue.accounts_queued() > 1:
             await self._read_shares()
         read_done = trio.current_time()
         metrics.PLACER_PENDING_JOBS.set(len(self.queue))
-        self.held = self._holds(epoch, read_done)
+        self.held = self._holds(epoch, read_done, {w.ref.worker_id for w in workers})
         if not len(self.queue):
             metrics.ROUNDS.labels("empty").inc()
             return ()
@@ -238,12 +237,6 @@ class Placer(FencedWrites):
         )
         commit_done = trio.current_time()
         metrics.PLACER_PHASE_SECONDS.labels("commit").observe(commit_done - decided)
-        if s.fair_share and committed:
-            done = {c.job_id for c in committed}
-            owner_of = self.queue.owner_of(done)
-            for p in plan.placements:
-                if p.job_id in done:
-                    self._add_use(owner_of.get(p.job_id, ""), p.cpu_millis, p.memory_mb)
         # Placed or not (a job cancelled or claimed meanwhile), none of them is pending any more.
         self.queue.remove(plan.placed_job_ids)
         self.queue.store_reasons(plan.reasons)
@@ -268,15 +261,16 @@ class Placer(FencedWrites):
         self._observe(started, len(committed), "placed" if committed else "reasons")
         return committed
 
-    def _holds(self, epoch: int, now: float) -> dict[str, int]:
+    def _holds(self, epoch: int, now: float, live: set[str]) -> dict[str, int]:
         """worker_id -> job_id of the workers kept for a preempting job this round: those of
-        this term whose job is still queued and whose hold has not run out."""
+        this term still live (``live``: the round's live worker ids), whose job is still queued
+        and whose hold has not run out."""
         if epoch != self._held_epoch:
             self._held_epoch, self._holds_until = epoch, {}
         self._holds_until = {
             worker_id: (job_id, until)
             for worker_id, (job_id, until) in self._holds_until.items()
-            if until > now and job_id in self.queue
+            if until > now and job_id in self.queue and worker_id in live
         }
         return {worker_id: job_id for worker_id, (job_id, _) in self._holds_until.items()}
 
@@ -361,12 +355,11 @@ class Placer(FencedWrites):
         return tuple(written)
 
     async def _read_shares(self) -> None:
-        """Read fair share's accounts when ``fair_share_refresh_s`` has passed (their decayed past
-        use every :data:`FAIR_SHARE_PAST_REFRESH_S`)."""
+        """Read what each account's jobs hold now (every round whose queue holds the jobs of two
+        accounts or more: a share read a moment old hands the room its jobs' ends free to the
+        wrong account), with their decayed past use every :data:`FAIR_SHARE_PAST_REFRESH_S`."""
         s = self.settings
         now = trio.current_time()
-        if now - self._shares_read_at < s.fair_share_refresh_s:
-            return
         with_past = s.fair_share_half_life_s > 0 and now - self._past_read_at >= FAIR_SHARE_PAST_REFRESH_S
         shares = await self.store.account_shares(s.fair_share_half_life_s, with_past=with_past)
         if with_past:
@@ -376,16 +369,7 @@ class Placer(FencedWrites):
             for name, (cpu, mem) in self._past.items():
                 share = shares.get(name, AccountShare())
                 shares[name] = attrs.evolve(share, decayed_cpu_millis=cpu, decayed_memory_mb=mem)
-        self._shares, self._shares_read_at = shares, now
-
-    def _add_use(self, owner: str, cpu_millis: int, memory_mb: int) -> None:
-        """Count a placement this placer committed in its account's use until the next read."""
-        share = self._shares.get(owner, AccountShare())
-        self._shares[owner] = attrs.evolve(
-            share,
-            used_cpu_millis=share.used_cpu_millis + cpu_millis,
-            used_memory_mb=share.used_memory_mb + memory_mb,
-        )
+        self._shares = shares
 
     def _connect_ahead(self, epoch: int, workers: Sequence[LiveWorker]) -> None:
         """Have the dispatcher open connections to live workers it has not been told of under

@@ -342,7 +342,8 @@ LIMITS = (
         f"0 to {_n(_accounts.MAX_CAPS['cpu_millis'])}, 0 to {_n(_accounts.MAX_CAPS['memory_mb'])} (the "
         f"largest job's times {_n(_accounts.MAX_QUOTA_WORKERS)} workers), 0 to "
         f"{_n(_accounts.MAX_CAPS['max_pending'])}; `max_priority` {_n(-MAX_PRIORITY)} to "
-        f"{_n(MAX_PRIORITY)} (a job's `priority`); `weight` a finite number above 0 and at most "
+        f"{_n(MAX_PRIORITY)} (a job's `priority`); `weight` a finite number from "
+        f"{_accounts.MIN_WEIGHT:g} to "
         f"{_n(int(_accounts.MAX_WEIGHT))}; the account's `name` as `worker_id`",
         (),
     ),

@@ -35,6 +35,10 @@ CAPS = tuple(MAX_CAPS)
 MAX_WEIGHT = 1_000_000.0
 """The largest fair-share weight (the default is 1)."""
 
+MIN_WEIGHT = 0.001
+"""The smallest fair-share weight: a weight of 1e-320 (a denormal) was stored, and its account
+got nothing while another had jobs; below a thousandth a weight means nothing more."""
+
 DEFAULT_MAX_PRIORITY = 0
 """The highest job priority a user may submit when its account has no ``max_priority``: any
 priority up to 0, so a user may lower its own jobs' priority (as Unix ``nice``), not raise it.
@@ -65,7 +69,7 @@ class AccountChange:
     """The highest priority its users' jobs may have, -``MAX_PRIORITY`` to ``MAX_PRIORITY`` (the
     range of a job's priority, :data:`runtime.jobs.MAX_PRIORITY`)."""
     weight: float | None = None
-    """Fair-share weight: finite, > 0, at most :data:`MAX_WEIGHT`."""
+    """Fair-share weight: finite, from :data:`MIN_WEIGHT` to :data:`MAX_WEIGHT`."""
     clear: tuple[str, ...] = ()
     """Settings to remove (of :data:`CLEARABLE`), sorted, none of them given."""
 
@@ -83,8 +87,12 @@ class AccountChange:
                 check_int_between(cap, value, 0, MAX_CAPS[cap])
         if self.max_priority is not None:
             check_int_between("max_priority", self.max_priority, -MAX_PRIORITY, MAX_PRIORITY)
-        if self.weight is not None and not (0 < self.weight <= MAX_WEIGHT and math.isfinite(self.weight)):
-            raise InvalidArgument("weight", self.weight, f"must be a finite number > 0 and <= {MAX_WEIGHT:g}")
+        if self.weight is not None and not (
+            MIN_WEIGHT <= self.weight <= MAX_WEIGHT and math.isfinite(self.weight)
+        ):
+            raise InvalidArgument(
+                "weight", self.weight, f"must be a finite number >= {MIN_WEIGHT:g} and <= {MAX_WEIGHT:g}"
+            )
         for cap in self.clear:
             if cap not in CLEARABLE:
                 raise InvalidArgument("clear", cap, f"must name settings of {', '.join(CLEARABLE)}")

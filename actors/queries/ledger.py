@@ -256,15 +256,18 @@ SELECT e.id FROM ended e, requeued
 # $1 assignment ids, $2 the preempting job of each, $3 preempt_cooldown_s. The leader's
 # preemptions (actors/placer.py, actors/preemption.py; docs/preemption.md), each rule re-checked
 # on the rows as this transaction finds them: only an assignment still active and not marked
-# already, whose job has no cancel asked and was not preempted within the cooldown (database
-# time). Marks it (the reconciler stops it: queries.PREEMPT_DUE_ASSIGNMENTS) and dates its job's
-# preemption. Returns the ids marked.
+# already (or whose mark lapsed: its preempting job is no longer pending), whose job has no
+# cancel asked and was not preempted within the cooldown (database time). Marks it (the
+# reconciler stops it: queries.PREEMPT_DUE_ASSIGNMENTS) and dates its job's preemption. Returns
+# the ids marked.
 PREEMPT_ASSIGNMENTS = """
 WITH marked AS (
     UPDATE assignments a
        SET preempted_by = p.by, preempt_requested_at = now()
       FROM unnest($1::bigint[], $2::bigint[]) AS p(id, by), jobs j
-     WHERE a.id = p.id AND a.state = 'active' AND a.preempt_requested_at IS NULL
+     WHERE a.id = p.id AND a.state = 'active'
+       AND (a.preempt_requested_at IS NULL
+            OR NOT EXISTS (SELECT 1 FROM jobs q WHERE q.id = a.preempted_by AND q.state = 'pending'))
        AND j.id = a.job_id AND NOT j.cancel_requested
        AND (j.preempted_at IS NULL OR j.preempted_at <= now() - make_interval(secs => $3::float8))
  RETURNING a.id, a.job_id

@@ -81,7 +81,8 @@ NO_LONGER_PENDING = "SELECT id FROM jobs WHERE id = ANY($1::bigint[]) AND state 
 # round's live worker ids, $4 their incarnations. Read only in a round that left candidates
 # (actors/placer.py; docs/preemption.md), as parallel arrays in one row (NULL when none): the
 # active assignments that may be preempted (on those workers in those incarnations, of a lower
-# priority than $1, not marked already, their job without a cancel asked and not preempted
+# priority than $1, not marked already (a mark lapses once its preempting job is no longer
+# pending: cancelled, or placed elsewhere), their job without a cancel asked and not preempted
 # within the cooldown), each with its job's priority and account and when its run started (or,
 # not started yet, was placed; unix seconds); and every account with pending, assigned or
 # running jobs, with what its assigned and running jobs hold and its fair-share weight.
@@ -100,7 +101,9 @@ SELECT v.*, s.*
           JOIN unnest($3::text[], $4::bigint[]) AS w(id, incarnation)
             ON w.id = a.worker_id AND w.incarnation = a.worker_incarnation
           JOIN jobs j ON j.id = a.job_id
-         WHERE a.state = 'active' AND a.preempt_requested_at IS NULL
+         WHERE a.state = 'active'
+           AND (a.preempt_requested_at IS NULL
+                OR NOT EXISTS (SELECT 1 FROM jobs p WHERE p.id = a.preempted_by AND p.state = 'pending'))
            AND j.priority < $1 AND NOT j.cancel_requested
            AND (j.preempted_at IS NULL OR j.preempted_at <= now() - make_interval(secs => $2::float8))) v,
        (SELECT array_agg(u.owner) AS s_account, array_agg(u.cpu_millis) AS s_cpu_millis,
@@ -114,7 +117,8 @@ SELECT v.*, s.*
 
 # What each account's assigned and running jobs hold (index jobs_in_use_by_owner), with its
 # fair-share weight (1 for an account without a row): fair share's current use
-# (actors/fair_share.py), read every fair_share_refresh_s. One row per account that holds
+# (actors/fair_share.py), read in every round whose queue holds two accounts' jobs or more
+# (actors/placer.py). One row per account that holds
 # something or has a weight other than 1.
 ACCOUNT_USE = """
 SELECT coalesce(u.owner, a.name) AS name, coalesce(a.weight, 1)::float8 AS weight,

@@ -125,12 +125,14 @@ DRAIN_DUE_ASSIGNMENTS = (
 # Active assignments marked to be preempted (queries.PREEMPT_ASSIGNMENTS) on live workers of
 # the right incarnation: stopped on their worker with the preemption's grace, then ended and
 # requeued (queries.END_PREEMPTED_ASSIGNMENTS). Jobs a user asked to cancel are left to
-# CANCEL_REQUESTED_ASSIGNMENTS. Index assignments_preempt_requested.
+# CANCEL_REQUESTED_ASSIGNMENTS. A mark whose preempting job is no longer pending (cancelled, or
+# placed elsewhere) has lapsed: its run is left alone. Index assignments_preempt_requested.
 PREEMPT_DUE_ASSIGNMENTS = (
     _ASSIGNMENT_PAYLOAD
     + """
  WHERE a.state = 'active' AND a.preempt_requested_at IS NOT NULL AND NOT j.cancel_requested
    AND w.state = 'alive' AND w.incarnation = a.worker_incarnation
+   AND EXISTS (SELECT 1 FROM jobs p WHERE p.id = a.preempted_by AND p.state = 'pending')
  ORDER BY a.id
 """
 )

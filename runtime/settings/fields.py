@@ -59,6 +59,17 @@ def between(low: int, high: int) -> Any:
     return check
 
 
+def up_to_s(high_s: float) -> Any:
+    """A validator: a finite number of seconds from 0 to ``high_s``, else "must be a finite
+    number >= 0 and <= high_s"."""
+
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+        if isinstance(value, bool) or not (math.isfinite(value) and 0 <= value <= high_s):
+            raise InvalidArgument(attribute.name, value, f"must be a finite number >= 0 and <= {high_s:g}")
+
+    return check
+
+
 def between_s(low_s: float, high_s: float) -> Any:
     """A validator: a finite number of seconds above ``low_s`` and at most ``high_s``, else
     "must be a finite number > low_s and <= high_s"."""

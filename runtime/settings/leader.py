@@ -19,11 +19,20 @@ from runtime.settings.fields import (
     fraction,
     non_negative,
     positive,
+    up_to_s,
 )
 
 MAX_PREEMPT_GRACE_S = 600.0
 """The longest ``preempt_grace_s`` allowed, in seconds: a preemption's cancel call waits the
 grace and more for its answer, and the preempting job keeps its worker held meanwhile."""
+
+MAX_PREEMPT_COOLDOWN_S = 86_400.0
+"""The longest ``preempt_cooldown_s`` allowed, in seconds (a day): the database's interval
+arithmetic on it must stay in range."""
+
+MAX_FAIR_SHARE_HALF_LIFE_S = 31_536_000.0
+"""The longest ``fair_share_half_life_s`` allowed, in seconds (365 days; Slurm's default
+PriorityDecayHalfLife is 7 days): the past-use read looks 10 half-lives back."""
 
 PREEMPT_HOLD_MARGIN_S = 10.0
 """How long past ``preempt_grace_s`` a preempting job keeps the worker it preempted on held
@@ -151,12 +160,9 @@ class PlacerSettings:
     """Divide the cluster between accounts that compete for it by weighted Dominant Resource
     Fairness (:mod:`actors.fair_share`, docs/fair-share.md); False: jobs go by priority, then
     submission order, whoever owns them."""
-    fair_share_half_life_s: float = attrs.field(default=3600.0, validator=non_negative)
+    fair_share_half_life_s: float = attrs.field(default=3600.0, validator=up_to_s(MAX_FAIR_SHARE_HALF_LIFE_S))
     """Fair share counts an account's past use, each run weighted by 2^(-age / this), in
     seconds (Slurm's PriorityDecayHalfLife); 0: only what its jobs hold now counts."""
-    fair_share_refresh_s: float = attrs.field(default=1.0, validator=positive)
-    """How often the placer reads what each account's jobs hold, in seconds (between reads it
-    adds what it placed itself)."""
 
     resync_interval_s: float = attrs.field(default=30.0, validator=positive)
     """Read the whole pending queue again this often (and at every election), in seconds."""
@@ -175,7 +181,7 @@ class PlacerSettings:
     preempt_grace_s: float = attrs.field(default=5.0, validator=between_s(0.0, MAX_PREEMPT_GRACE_S))
     """A preempted job gets SIGTERM, then SIGKILL this long after (seconds, > 0 and <= 600); the
     preempting job keeps its worker held this long plus :data:`PREEMPT_HOLD_MARGIN_S`."""
-    preempt_cooldown_s: float = attrs.field(default=60.0, validator=non_negative)
+    preempt_cooldown_s: float = attrs.field(default=60.0, validator=up_to_s(MAX_PREEMPT_COOLDOWN_S))
     """A job is preempted at most once per this many seconds (database time)."""
     max_preemptions_per_round: int = attrs.field(default=8, validator=between(1, 500))
     """Most pending jobs one round preempts for (1 to 500)."""

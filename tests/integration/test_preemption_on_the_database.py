@@ -240,3 +240,33 @@ async def test_a_job_in_its_cooldown_is_not_preempted_by_a_round(cluster: Preemp
     async with placer_with_ledger(cluster.database_url, PREEMPTING) as placer:
         assert await placer.round(EPOCH) == ()
     assert await cluster.marks(aid) == (None, False)
+
+
+async def test_a_mark_lapses_when_its_preempting_job_is_no_longer_pending(cluster: Preemptions) -> None:
+    """The preempting job is cancelled before the reconciler stopped its victim: the victim is no
+    longer due (its run is left alone), is preemptible again, and a later preemption may mark it
+    anew. (Before, the victim was killed for a job that no longer waited.)"""
+    incarnation, _, aid = await cluster.running_low_job()
+    high = await cluster.submit_job(priority=10)
+    async with trio.open_nursery() as nursery:
+        ledger = await run_ledger(nursery, cluster.database_url)
+        assert await preempt(ledger, EPOCH, ((aid, high),), cooldown_s=0.0) == (aid,)
+
+        async def due() -> list[int]:
+            return [
+                int(r["assignment_id"]) for r in await cluster.admin.fetch(queries.PREEMPT_DUE_ASSIGNMENTS)
+            ]
+
+        async def preemptible() -> list[int]:
+            row = await cluster.admin.fetchrow(queries.PREEMPTIBLE, 10, 0.0, ["w-1"], [incarnation])
+            assert row is not None
+            return list(row["v_assignment_id"] or [])
+
+        assert await due() == [aid] and await preemptible() == []
+        await cluster.cp.call("cancel_job", pb.CancelJobRequest(job_id=high))
+        assert await due() == [] and await preemptible() == [aid]
+        later = await cluster.submit_job(priority=10)
+        assert await preempt(ledger, EPOCH, ((aid, later),), cooldown_s=0.0) == (aid,)
+        assert await cluster.marks(aid) == (later, True)
+        assert await due() == [aid]
+        nursery.cancel_scope.cancel()

@@ -66,8 +66,8 @@ async def test_bad_caps_are_refused_naming_the_field_and_nothing_is_stored(
             (set_account("alice", cpu_millis=-1), "cpu_millis must be between 0 and 10000000000, got -1"),
             (set_account("alice", memory_mb=2**40), "memory_mb must be between 0 and 167772160000"),
             (set_account("alice", max_pending=-5), "max_pending must be between 0 and 100000000, got -5"),
-            (set_account("alice", weight=0.0), "weight must be a finite number > 0"),
-            (set_account("alice", weight=float("nan")), "weight must be a finite number > 0"),
+            (set_account("alice", weight=0.0), "weight must be a finite number >= 0.001"),
+            (set_account("alice", weight=float("nan")), "weight must be a finite number >= 0.001"),
             (set_account("-alice", weight=1.0), "name must be 1-64 characters"),
             (
                 set_account("alice", cpu_millis=1, clear=["cpu_millis"]),

@@ -99,7 +99,7 @@ def test_set_sends_the_max_priority_given_or_cleared(calls: list[tuple[str, Any]
     [
         (["--cpu-millis", "-1"], "error: cpu_millis must be between 0 and 10000000000, got -1"),
         (["--max-pending", "100000001"], "error: max_pending must be between 0 and 100000000, got 100000001"),
-        (["--weight", "0"], "error: weight must be a finite number > 0 and <= 1e+06, got 0.0"),
+        (["--weight", "0"], "error: weight must be a finite number >= 0.001 and <= 1e+06, got 0.0"),
         (
             ["--max-priority", "1000001"],
             "error: max_priority must be between -1000000 and 1000000, got 1000001",

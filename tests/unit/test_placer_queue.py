@@ -60,6 +60,7 @@ class FakeStore:
     unconfirmed: int = 0
     confirmed: int = 0
     quotas: dict[str, AccountQuota] = attrs.field(factory=dict)
+    shares: dict[str, AccountShare] = attrs.field(factory=dict)
 
     def commit(self, xid: int) -> None:
         """The running transaction ``xid`` commits: its job becomes visible."""
@@ -91,7 +92,8 @@ class FakeStore:
         raise AssertionError("preemption is off: nothing is read for it")
 
     async def account_shares(self, half_life_s: float, *, with_past: bool) -> dict[str, AccountShare]:
-        return {}
+        self.reads.append(("shares", 0, ()))
+        return dict(self.shares)
 
     async def read_round(
         self, fresh_s: float, mark: PendingMark, limit: int
@@ -337,3 +339,41 @@ async def test_a_round_the_server_cancelled_is_followed_by_a_smaller_one(
         nursery.cancel_scope.cancel()
     assert sizes == [8, 4, 5]
     assert placer.write_size() == WriteSize(6, 8)
+
+
+async def test_with_two_accounts_queued_every_round_reads_what_each_holds_now(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Fair share reads the accounts' use in every round whose queue holds two accounts' jobs
+    (a use read a moment old handed the room freed by one account's ended jobs to the other), and
+    orders by it: alice holds 7,000 of the 8,000 cpu_millis, so bob's job takes the one free slot
+    though it came later. One account alone: no read."""
+    alone = FakeStore(visible={1: waiting(1, 1)}, free_cpu=0)
+    placer, _ = make_placer(alone)
+    await placer.round(epoch=1)
+    assert ("shares", 0, ()) not in alone.reads
+
+    jobs = {
+        1: attrs.evolve(
+            waiting(1, 1, cpu=1000), job=PendingJob(job_id=1, cpu_millis=1000, memory_mb=100, owner="alice")
+        ),
+        2: attrs.evolve(
+            waiting(2, 2, cpu=1000), job=PendingJob(job_id=2, cpu_millis=1000, memory_mb=100, owner="bob")
+        ),
+    }
+    store = FakeStore(visible=jobs, free_cpu=0, shares={"alice": AccountShare(used_cpu_millis=7000)})
+    placer, ledger = make_placer(store)
+    for _ in range(3):
+        await placer.round(epoch=1)
+        await trio.sleep(0.1)
+    assert sum(1 for r in store.reads if r[0] == "shares") == 3
+    store.free_cpu = 1000
+
+    async def answer() -> None:
+        commit = await ledger.receive()
+        assert isinstance(commit, CommitPlacements) and [p.job_id for p in commit.placements] == [2]
+        commit.reply.set(())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer)
+        await placer.round(epoch=1)

@@ -31,7 +31,23 @@ def test_preemption_is_off_by_default() -> None:
         ("preempt_grace_s", 0.0, "preempt_grace_s must be a finite number > 0 and <= 600, got 0.0"),
         ("preempt_grace_s", 601.0, "preempt_grace_s must be a finite number > 0 and <= 600, got 601.0"),
         ("preempt_grace_s", math.inf, "preempt_grace_s must be a finite number > 0 and <= 600, got inf"),
-        ("preempt_cooldown_s", -1.0, "preempt_cooldown_s must be a finite number >= 0, got -1.0"),
+        (
+            "preempt_cooldown_s",
+            -1.0,
+            "preempt_cooldown_s must be a finite number >= 0 and <= 86400, got -1.0",
+        ),
+        # The database's interval arithmetic overflowed past about 1e11 s, and the placer gave up.
+        (
+            "preempt_cooldown_s",
+            1e300,
+            "preempt_cooldown_s must be a finite number >= 0 and <= 86400, got 1e+300",
+        ),
+        (
+            "fair_share_half_life_s",
+            1e300,
+            "fair_share_half_life_s must be a finite number >= 0 and <= 3.1536e+07, got 1e+300",
+        ),
+        ("fair_share_half_life_s", -1.0, "fair_share_half_life_s must be a finite number >= 0"),
         ("max_preemptions_per_round", 0, "max_preemptions_per_round"),
         ("max_preemptions_per_round", 501, "max_preemptions_per_round"),
     ],

@@ -83,7 +83,6 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         help="Fair share counts an account's past use, halved every this many seconds "
         "(0: only what its jobs hold now).",
     ),
-    **_placer("fair_share_refresh_s", help="Read what each account's jobs hold this often, seconds."),
     **_ingest(
         "pool_size", option="ingest_pool_size", help="Database connections of the ControlPlane service."
     ),
