@@ -334,7 +334,8 @@ async def run_scale_point(
     database_url: str, pending: int, workers: int, rounds: int, accounts: int = 1
 ) -> ScalePoint:
     """The real placer round against ``pending`` jobs of ``accounts`` accounts (round-robin;
-    weights 1, 2 and 3 in turn) and ``workers`` simulated busy workers."""
+    weights 1, 2 and 3 in turn) and ``workers`` simulated busy workers, each running 16 jobs of
+    those accounts."""
     rng = random.Random(pending + workers)
     async with asyncio_bridge(), BenchPlacer.open(database_url, workers=workers, rng=rng) as bench:
         await bench.add_busy_workers()
@@ -345,6 +346,15 @@ async def run_scale_point(
             " 'account-' || (i % $2)"
             " FROM generate_series(1, $1) i",
             pending,
+            accounts,
+        )
+        # What the busy workers run: 16 jobs each, of the same accounts (fair share reads what
+        # each account's running jobs hold in every round with two accounts queued).
+        await bench.db.execute(
+            "INSERT INTO jobs (name, cpu_millis, memory_mb, runtime, sleep_ms, state, started_at, owner)"
+            " SELECT 'busy', 1000, 2000, 'sleep', 600000, 'running', now(), 'account-' || (i % $2)"
+            " FROM generate_series(1, $1) i",
+            16 * workers,
             accounts,
         )
         await bench.db.execute("DELETE FROM accounts")
