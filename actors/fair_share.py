@@ -132,7 +132,12 @@ def fair_order(
     )
     key = np.empty(at.size)
     key[by_account] = (share + past[grouped]) / weight[grouped]
-    ranked = at[np.lexsort((at, key, -prio[at]))]
+    # Stable sorts: equal keys keep queue order. One priority (the common case): one key.
+    prios = prio[at]
+    if prios.min() == prios.max():
+        ranked = at[np.argsort(key, kind="stable")]
+    else:
+        ranked = at[np.lexsort((key, -prios))]
     return np.concatenate([ranked, np.flatnonzero(~candidate)])
 
 

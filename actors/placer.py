@@ -164,6 +164,9 @@ class Placer(FencedWrites):
             waiting, self._mark = await self.store.pending_jobs(s.max_jobs_per_round)
             self._synced_epoch, self._synced_at = epoch, now
         else:
+            # Fair share's use of each account, in the same round trip, when the queue holds
+            # two accounts' jobs or more (else it scans nothing).
+            self.store.with_account_use = s.fair_share and self.queue.accounts_queued() > 1
             workers, waiting, self._mark = await self.store.read_round(
                 s.worker_fresh_s, self._mark, s.max_jobs_per_round
             )
@@ -194,7 +197,7 @@ class Placer(FencedWrites):
             self._reserving_checked_at = trio.current_time()
             self._reserving = []
         if s.fair_share and self.queue.accounts_queued() > 1:
-            await self._read_shares()
+            await self._read_shares(self.store.account_use)
         read_done = trio.current_time()
         metrics.PLACER_PENDING_JOBS.set(len(self.queue))
         self.held = self._holds(epoch, read_done, {w.ref.worker_id for w in workers})
@@ -354,14 +357,19 @@ class Placer(FencedWrites):
             )
         return tuple(written)
 
-    async def _read_shares(self) -> None:
-        """Read what each account's jobs hold now (every round whose queue holds the jobs of two
-        accounts or more: a share read a moment old hands the room its jobs' ends free to the
-        wrong account), with their decayed past use every :data:`FAIR_SHARE_PAST_REFRESH_S`."""
+    async def _read_shares(self, use: dict[str, AccountShare] | None) -> None:
+        """Fair share's accounts for this round: ``use`` (each account's use and weight, read with
+        the round) or, None, read now (a full read, or a queue that has just come to hold two
+        accounts' jobs): a use read a moment old would hand the room freed by one account's
+        ended jobs to the other. Their decayed past use is read every
+        :data:`FAIR_SHARE_PAST_REFRESH_S`."""
         s = self.settings
         now = trio.current_time()
         with_past = s.fair_share_half_life_s > 0 and now - self._past_read_at >= FAIR_SHARE_PAST_REFRESH_S
-        shares = await self.store.account_shares(s.fair_share_half_life_s, with_past=with_past)
+        if use is None or with_past:
+            shares = await self.store.account_shares(s.fair_share_half_life_s, with_past=with_past)
+        else:
+            shares = dict(use)
         if with_past:
             self._past = {n: (a.decayed_cpu_millis, a.decayed_memory_mb) for n, a in shares.items()}
             self._past_read_at = now

@@ -86,6 +86,13 @@ class PlacerStore(Protocol):
     quotas: dict[str, AccountQuota]
     """The capped accounts' caps and use, by name, as of the last :meth:`live_workers` or
     :meth:`read_round` (read with the workers; docs/quotas.md)."""
+    with_account_use: bool
+    """Whether :meth:`read_round` also reads what each account's jobs hold (fair share); the
+    placer sets it before the read."""
+    account_use: dict[str, AccountShare] | None
+    """What the last :meth:`read_round` read of each account's use and weight (as
+    :meth:`account_shares` without the past use), by name; None when it read none (or the last
+    read was :meth:`live_workers`)."""
 
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
         """Alive workers heard from within ``fresh_s`` seconds (database time), cordoned and
@@ -215,6 +222,18 @@ def _quotas(row: Any) -> dict[str, AccountQuota]:
     }
 
 
+def _account_use(row: Any) -> dict[str, AccountShare]:
+    """Each account's use and weight from a round read's one row of parallel arrays
+    (``queries.ACCOUNT_USE`` in ``queries.ROUND_READ``), by name."""
+    return {
+        name: AccountShare(weight=float(weight), used_cpu_millis=int(cpu), used_memory_mb=int(mem))
+        for name, weight, cpu, mem in zip(
+            *(row[f"f_{c}"] or () for c in ("name", "weight", "used_cpu_millis", "used_memory_mb")),
+            strict=True,
+        )
+    }
+
+
 @functools.lru_cache(maxsize=1024)
 def _constraints(text: str | None) -> tuple[Constraint, ...]:
     """A job's constraints from their JSON column (None: none); cached, as jobs of one kind
@@ -256,6 +275,8 @@ class PgPlacerStore(ReadStore):
     trial_run_s: float = PlacerSettings().trial_run_s
     """The placer's ``trial_run_s``: which workers its reads say are on trial."""
     quotas: dict[str, AccountQuota] = attrs.field(factory=dict, init=False)
+    with_account_use: bool = attrs.field(default=False, init=False)
+    account_use: dict[str, AccountShare] | None = attrs.field(default=None, init=False)
 
     def server_settings(self) -> dict[str, str]:
         # As the ledger's: plan each read once.
@@ -265,6 +286,7 @@ class PgPlacerStore(ReadStore):
         conn = await self._connection()
         rows = await conn.fetch(queries.LIVE_WORKERS, fresh_s, self.trial_run_s)
         self.quotas = _quotas(await conn.fetchrow(queries.QUOTAS))
+        self.account_use = None
         return [_live_worker(r) for r in rows]
 
     async def pending_jobs(self, limit: int) -> tuple[list[WaitingJob], PendingMark]:
@@ -279,9 +301,17 @@ class PgPlacerStore(ReadStore):
         self, fresh_s: float, mark: PendingMark, limit: int
     ) -> tuple[list[LiveWorker], list[WaitingJob], PendingMark]:
         row = await (await self._connection()).fetchrow(
-            queries.ROUND_READ, fresh_s, mark.xid, mark.seq, limit, list(mark.in_flight), self.trial_run_s
+            queries.ROUND_READ,
+            fresh_s,
+            mark.xid,
+            mark.seq,
+            limit,
+            list(mark.in_flight),
+            self.trial_run_s,
+            self.with_account_use,
         )
         assert row is not None
+        self.account_use = _account_use(row) if self.with_account_use else None
         columns = zip(*(row[f"w_{c}"] or () for c in _WORKER_COLUMNS), strict=True)
         workers = [_live_worker(dict(zip(_WORKER_COLUMNS, values, strict=True))) for values in columns]
         self.quotas = _quotas(row)

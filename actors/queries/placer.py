@@ -38,15 +38,30 @@ SELECT array_agg(name) AS q_name, array_agg(cpu_millis) AS q_cpu_millis,
   FROM quota_usage
 """
 
+# What each account's assigned and running jobs hold (index jobs_in_use_by_owner), with its
+# fair-share weight (1 for an account without a row): fair share's current use
+# (actors/fair_share.py), read in every round whose queue holds two accounts' jobs or more
+# (actors/placer.py). One row per account that holds
+# something or has a weight other than 1.
+ACCOUNT_USE = """
+SELECT coalesce(u.owner, a.name) AS name, coalesce(a.weight, 1)::float8 AS weight,
+       coalesce(u.cpu_millis, 0)::bigint AS used_cpu_millis,
+       coalesce(u.memory_mb, 0)::bigint AS used_memory_mb
+  FROM (SELECT j.owner, sum(j.cpu_millis) AS cpu_millis, sum(j.memory_mb) AS memory_mb
+          FROM jobs j WHERE j.state IN ('assigned', 'running') GROUP BY j.owner) u
+  FULL JOIN (SELECT name, weight FROM accounts WHERE weight <> 1) a ON a.name = u.owner
+"""
+
 # $1 worker_fresh_s, $2 $3 the mark (pending_xid, pending_seq), $4 limit, $5 the mark's
-# transactions in flight, $6 trial_run_s. One round's reads in one round trip, as parallel arrays
-# in one row (an array is NULL when it has no rows), with the snapshot they were read in (as
-# PENDING_JOBS'): LIVE_WORKERS' rows; the jobs that became pending after the mark, in
-# (pending_xid, pending_seq) order, up to the limit; and those at or below the mark made pending
-# by a transaction that was still in flight at the previous read (see actors/placer_store.py,
-# PendingMark).
+# transactions in flight, $6 trial_run_s, $7 whether to read each account's use (fair share).
+# One round's reads in one round trip, as parallel arrays in one row (an array is NULL when it
+# has no rows), with the snapshot they were read in (as PENDING_JOBS'): LIVE_WORKERS' rows; the
+# jobs that became pending after the mark, in (pending_xid, pending_seq) order, up to the limit;
+# those at or below the mark made pending by a transaction that was still in flight at the
+# previous read (see actors/placer_store.py, PendingMark); the capped accounts (QUOTAS); and,
+# with $7, ACCOUNT_USE's rows (without it the filter, a one-time test, scans nothing).
 ROUND_READ = f"""
-SELECT w.*, p.*, q.*, pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xmax,
+SELECT w.*, p.*, q.*, f.*, pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xmax,
        ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(snap.s) x) AS snapshot_xip
   FROM (SELECT array_agg(w.id) AS w_id, array_agg(w.address) AS w_address,
                array_agg(w.incarnation) AS w_incarnation, array_agg(w.cpu_millis) AS w_cpu_millis,
@@ -71,6 +86,10 @@ SELECT w.*, p.*, q.*, pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xmax,
                 (SELECT * FROM placeable_jobs
                   WHERE pending_xid = ANY($5::bigint[]) AND (pending_xid, pending_seq) <= ($2, $3))) ps) p,
        ({QUOTAS}) q,
+       (SELECT array_agg(u.name) AS f_name, array_agg(u.weight) AS f_weight,
+               array_agg(u.used_cpu_millis) AS f_used_cpu_millis,
+               array_agg(u.used_memory_mb) AS f_used_memory_mb
+          FROM ({ACCOUNT_USE}) u WHERE $7::boolean) f,
        (SELECT pg_current_snapshot() AS s) snap
 """
 
@@ -113,20 +132,6 @@ SELECT v.*, s.*
                        coalesce(sum(memory_mb) FILTER (WHERE state <> 'pending'), 0)::bigint AS memory_mb
                   FROM jobs WHERE state IN ('pending', 'assigned', 'running') GROUP BY owner) u
           LEFT JOIN accounts acc ON acc.name = u.owner) s
-"""
-
-# What each account's assigned and running jobs hold (index jobs_in_use_by_owner), with its
-# fair-share weight (1 for an account without a row): fair share's current use
-# (actors/fair_share.py), read in every round whose queue holds two accounts' jobs or more
-# (actors/placer.py). One row per account that holds
-# something or has a weight other than 1.
-ACCOUNT_USE = """
-SELECT coalesce(u.owner, a.name) AS name, coalesce(a.weight, 1)::float8 AS weight,
-       coalesce(u.cpu_millis, 0)::bigint AS used_cpu_millis,
-       coalesce(u.memory_mb, 0)::bigint AS used_memory_mb
-  FROM (SELECT j.owner, sum(j.cpu_millis) AS cpu_millis, sum(j.memory_mb) AS memory_mb
-          FROM jobs j WHERE j.state IN ('assigned', 'running') GROUP BY j.owner) u
-  FULL JOIN (SELECT name, weight FROM accounts WHERE weight <> 1) a ON a.name = u.owner
 """
 
 # $1 the half-life (s, > 0). Each account's decayed past allocation (actors/fair_share.py,

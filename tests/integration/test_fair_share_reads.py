@@ -71,6 +71,15 @@ async def test_the_reads_give_use_weight_and_decayed_past_use(db: PgConnection, 
             "bob": AccountShare(weight=3.0),
         }
         shares = await store.account_shares(HALF_LIFE_S, with_past=True)
+        # The same use read with a round, in its one round trip; none unless asked for.
+        _, mark = await store.pending_jobs(10)
+        await store.read_round(1.0, mark, 10)
+        assert store.account_use is None
+        store.with_account_use = True
+        await store.read_round(1.0, mark, 10)
+        assert store.account_use == now_only
+        await store.live_workers(1.0)
+        assert store.account_use is None  # a full read reads no use
     finally:
         await store.close()
     assert set(shares) == {"alice", "bob"}

@@ -47,6 +47,8 @@ class FakeStore:
     workers: list[LiveWorker]
     jobs: list[WaitingJob]
     quotas: dict[str, AccountQuota] = attrs.field(factory=dict)
+    with_account_use: bool = False
+    account_use: dict[str, AccountShare] | None = None
 
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
         return self.workers

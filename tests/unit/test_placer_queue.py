@@ -60,6 +60,8 @@ class FakeStore:
     unconfirmed: int = 0
     confirmed: int = 0
     quotas: dict[str, AccountQuota] = attrs.field(factory=dict)
+    with_account_use: bool = False
+    account_use: dict[str, AccountShare] | None = None
     shares: dict[str, AccountShare] = attrs.field(factory=dict)
 
     def commit(self, xid: int) -> None:
@@ -99,6 +101,9 @@ class FakeStore:
         self, fresh_s: float, mark: PendingMark, limit: int
     ) -> tuple[list[LiveWorker], list[WaitingJob], PendingMark]:
         self.reads.append(("since", mark.xid, mark.in_flight))
+        if self.with_account_use:
+            self.reads.append(("use", 0, ()))
+        self.account_use = dict(self.shares) if self.with_account_use else None
         above = [x for x in sorted(self.visible) if (x, 1) > (mark.xid, mark.seq)][:limit]
         late = [x for x in sorted(self.visible) if x in mark.in_flight and (x, 1) <= (mark.xid, mark.seq)]
         last_read = (above[-1], 1) if len(above) >= limit else None
@@ -366,7 +371,8 @@ async def test_with_two_accounts_queued_every_round_reads_what_each_holds_now(
     for _ in range(3):
         await placer.round(epoch=1)
         await trio.sleep(0.1)
-    assert sum(1 for r in store.reads if r[0] == "shares") == 3
+    # The first round's full read, then each round's own read carries the use.
+    assert [r[0] for r in store.reads if r[0] in ("shares", "use")] == ["shares", "use", "use"]
     store.free_cpu = 1000
 
     async def answer() -> None:
