@@ -23,6 +23,13 @@ JsonPathOption = Annotated[
         " (default: bench-<name>.json in the current folder).",
     ),
 ]
+JsonOnlyPathOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--json",
+        help="Where the results go as JSON (default: bench-<name>.json in the current folder).",
+    ),
+]
 
 
 def _state_dir_option(what: str, name: str) -> Any:
@@ -198,7 +205,7 @@ def bench_fair_share(
     window_s: Annotated[float, typer.Option(min=1, max=3600, help="Measurement window, seconds.")] = 60.0,
     alone: Annotated[bool, typer.Option(help="Also run one account alone, fair share on and off.")] = True,
     alone_jobs: Annotated[int, typer.Option(min=1, max=100_000, help="Jobs of the lone account.")] = 2000,
-    json_path: JsonPathOption = None,
+    json_path: JsonOnlyPathOption = None,
     state_dir: Annotated[Path | None, _state_dir_option("bench clusters", "fair-share")] = None,
 ) -> None:
     """Two accounts, weights 1 and 3, submit their jobs at once into a cluster they saturate:
@@ -234,7 +241,7 @@ def bench_preemption(
     ignore_term: Annotated[
         bool, typer.Option(help="The running jobs ignore SIGTERM: each preemption waits out the grace.")
     ] = True,
-    json_path: JsonPathOption = None,
+    json_path: JsonOnlyPathOption = None,
     state_dir: Annotated[Path | None, _state_dir_option("bench clusters", "preemption")] = None,
 ) -> None:
     """Fill a cluster (preemption on) with low-priority jobs, then submit jobs of priority 10

@@ -52,7 +52,7 @@ def print_job(info: Job, tails: list[OutputTail]) -> None:
         ("priority", str(spec.priority) if spec else "-"),
         # A job waiting to be placed again still names its last run's worker: say so.
         *(
-            (("last worker", f"{info.worker_id} (its last run; placed again after its backoff)"),)
+            (("last worker", f"{info.worker_id} (its last run; {_again(info.reason)})"),)
             if info.worker_id and info.state in ("pending", "waiting")
             else (("worker", info.worker_id or "-"),)
         ),
@@ -269,3 +269,11 @@ def events_json(history: JobHistory) -> list[dict[str, Any]]:
         now = dict.fromkeys(_EVENT_KEYS)
         listed.append({**now, "kind": "now", "state": history.state})
     return listed
+
+
+def _again(reason: str | None) -> str:
+    """When a pending job that ran before is placed again, by its reason: a preempted or
+    drained job at once (no backoff), any other after its backoff, if any."""
+    if (reason or "").startswith("preempted by job"):
+        return "placed again as soon as there is room"
+    return "placed again after its backoff"

@@ -213,3 +213,28 @@ def test_job_wraps_long_paths_and_never_cuts_them(
         assert path in joined
     first = next(line for line in result.output.splitlines() if line.startswith("stdout "))
     assert first.split()[1] == stdout[: len(first.split()[1])]  # from the path's first folder on
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        ("preempted by job 57", "w-3 (its last run; placed again as soon as there is room)"),
+        ("", "w-3 (its last run; placed again after its backoff)"),
+    ],
+)
+def test_a_preempted_job_is_placed_again_at_once_not_after_a_backoff(
+    monkeypatch: pytest.MonkeyPatch, reason: str, expected: str
+) -> None:
+    """A job a preemption put back to pending names its last worker and says it goes again as
+    soon as there is room (a preemption waits no backoff); another says it goes after its backoff."""
+    info = pb.JobInfo.parse(bytes(RETRYING))
+    info.state, info.worker_id, info.reason = "pending", "w-3", reason
+
+    async def replica(*args: object, **kwargs: object) -> pb.JobInfo:
+        return info
+
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", replica)
+    monkeypatch.setenv(INSECURE_ENV, "1")
+    result = CliRunner().invoke(app, ["job", "9", "--control-planes", "127.0.0.1:1"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert expected in result.output
