@@ -14,9 +14,14 @@ from actors.ingest_workers import WorkerHandlers
 from protocol import pb
 from runtime import log
 from runtime.accounts import CLEARABLE, AccountChange
-from runtime.aio import visible_account
+from runtime.aio import rpc_caller, visible_account
+from runtime.errors import NotFound
 from runtime.identifiers import check_id
 from runtime.validation import check_idempotency_key
+
+
+def _unknown(name: str) -> str:
+    return f"account {name!r} is unknown: it has no settings and no jobs"
 
 
 def account_info(row: Any) -> pb.AccountInfo:
@@ -77,10 +82,15 @@ class AccountHandlers(WorkerHandlers):
     async def get_account(self, request: pb.GetAccountRequest) -> pb.AccountInfo:
         """An account's caps, priority cap, weight and use (an account with no row: no caps, the
         default priority cap, weight 1); raises InvalidArgument for a name breaking the id rules,
+        NotFound for an operator's or unscoped viewer's read of a name with no settings and no
+        jobs (a user's own account always reads),
         PermissionDenied for a user's or scoped viewer's read of another account."""
         name = check_id(request.name, field="name")
         visible_account("get_account", name)
         async with self.database("get_account") as conn:
+            # A user's (or scoped viewer's) own account always reads: its certificate names it.
+            if rpc_caller().scope is None and not await conn.fetchval(queries.ACCOUNT_KNOWN, name):
+                raise NotFound(_unknown(name))
             row = await conn.fetchrow(queries.ACCOUNTS, name)
         return account_info(row)
 

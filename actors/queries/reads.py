@@ -234,6 +234,13 @@ STATUS_UNSCHEDULABLE = (
 )
 
 
+# $1 an account. Whether it is known: it has settings (a row of accounts) or owns a job, in
+# any state (index jobs_by_owner). An operator's GetAccount refuses a name that is not (a
+# mistyped name would otherwise read as an account with nothing set).
+ACCOUNT_KNOWN = """
+SELECT EXISTS (SELECT 1 FROM accounts WHERE name = $1) OR EXISTS (SELECT 1 FROM jobs WHERE owner = $1)
+"""
+
 # $1 one account (NULL: every account with a row or with queued or in-use jobs). Each, by name:
 # its caps (NULL: none), max_priority (NULL: the default) and weight (1 without a row), the
 # cpu_millis and memory_mb of its assigned and running jobs, and how many of its jobs are pending

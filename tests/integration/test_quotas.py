@@ -13,7 +13,7 @@ from serving import mtls_control_plane, serve_ingests
 from test_accounts import AUDIT_ROWS, call, certs, fetch, sleep_job, submit
 
 from protocol import pb
-from runtime.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from runtime.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from runtime.idempotency_keys import with_idempotency_key
 from runtime.settings.control_plane import IngestSettings
 from runtime.tls import TlsFiles, server_context
@@ -164,3 +164,19 @@ async def test_concurrent_submissions_cannot_both_pass_max_pending(database_url:
                 nursery.start_soon(one, addresses[n % 2])
     assert sorted(outcomes) == ["refused"] * 15 + ["stored"] * 5
     assert await fetch(database_url, "SELECT count(*) FROM jobs") == [(5,)]
+
+
+async def test_an_unknown_account_is_not_found_but_a_users_own_always_reads(
+    database_url: str, certs: Path
+) -> None:
+    """An operator's read of a name with no settings and no jobs (a typo) is NOT_FOUND, naming it;
+    once it has settings it reads. A user that has not submitted anything yet still reads its own
+    account (its certificate names it)."""
+    async with mtls_control_plane(database_url, certs) as address:
+        with pytest.raises(NotFound, match="account 'alcie' is unknown: it has no settings and no jobs"):
+            await call(address, certs, "operator", "get_account", pb.GetAccountRequest(name="alcie"))
+        own = await call(address, certs, "bob", "get_account", pb.GetAccountRequest(name="bob"))
+        assert (own.name, own.weight, own.queued_jobs) == ("bob", 1.0, 0)
+        await call(address, certs, "operator", "set_account", set_account("alcie", max_pending=5))
+        shown = await call(address, certs, "viewer", "get_account", pb.GetAccountRequest(name="alcie"))
+        assert (shown.name, shown.max_pending) == ("alcie", 5)
