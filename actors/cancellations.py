@@ -114,23 +114,17 @@ class Cancellations:
         group = [d for d in group if d.assignment.assignment_id not in self._in_flight]
         if not group:
             return
-        if reason == PREEMPTED:
-            self._log.info(
-                "stopping preempted runs",
-                epoch=epoch,
-                worker_id=worker.worker_id,
-                job_ids=[d.assignment.job_id for d in group],
-                assignment_ids=[d.assignment.assignment_id for d in group],
-                grace_s=self.preempt_grace_s,
-            )
-        if reason == TIMED_OUT:
-            self._log.warning(
-                "stopping runs past their timeout",
+        if reason in (PREEMPTED, TIMED_OUT):
+            logger = self._log.bind(
                 epoch=epoch,
                 worker_id=worker.worker_id,
                 job_ids=[d.assignment.job_id for d in group],
                 assignment_ids=[d.assignment.assignment_id for d in group],
             )
+            if reason == PREEMPTED:
+                logger.info("stopping preempted runs", grace_s=self.preempt_grace_s)
+            else:
+                logger.warning("stopping runs past their timeout")
         # Marked in flight here, not when the task first runs: the same assignment
         # in two lists of this pass (a drained run a user cancelled) is asked once.
         scope = trio.CancelScope()

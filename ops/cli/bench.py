@@ -226,11 +226,7 @@ def bench_fair_share(
         report = fair_share.run_fair_share(
             settings, state_dir or (default_state_dir() / "bench-fair-share"), err_console().print
         )
-    console().print(fair_share.render(report))
-    out.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    console().print(f"wrote {out}")
-    if not report.ok:
-        raise typer.Exit(EXIT_UNAVAILABLE)
+    _show_text_and_json(fair_share.render(report), report, out)
 
 
 @bench_app.command("preemption")
@@ -257,11 +253,7 @@ def bench_preemption(
         report = preemption.run_preemption_bench(
             settings, state_dir or (default_state_dir() / "bench-preemption"), err_console().print
         )
-    console().print(preemption.render(report))
-    out.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    console().print(f"wrote {out}")
-    if not report.ok:
-        raise typer.Exit(EXIT_UNAVAILABLE)
+    _show_text_and_json(preemption.render(report), report, out)
 
 
 @bench_app.command("overload")
@@ -400,6 +392,16 @@ def _json_out(json_path: Path | None, name: str) -> Path:
     if not out.parent.resolve().is_dir():
         fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)
     return out
+
+
+def _show_text_and_json(text: str, result: Any, out: Path) -> None:
+    """Print ``text`` (a report rendered), save ``result.to_json()`` to ``out``; exits 1 when
+    ``result`` is not ok."""
+    console().print(text)
+    out.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    console().print(f"wrote {out}")
+    if not result.ok:
+        raise typer.Exit(EXIT_UNAVAILABLE)
 
 
 def _show_and_save(results: ModuleType, result: Any, out: Path) -> None:
