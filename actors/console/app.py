@@ -11,6 +11,7 @@ import importlib.resources
 import json
 import math
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -186,7 +187,10 @@ class ConsoleApp:
         return self._env.get_template(template).render(**values)
 
     def _shell(self, request: Request) -> Response:
-        connect = " ".join(sorted(self.allowed_origins()))
+        # Any port of the consoles' hosts: a page must reach the consoles of replicas its own
+        # learns of after it was served (a console just started knows only itself), or it
+        # cannot move when its own console dies.
+        connect = " ".join(sorted({_any_port(origin) for origin in self.allowed_origins()}))
         html = self.render(
             "shell.html",
             cp_id=self.cp_id,
@@ -489,3 +493,13 @@ def build_app(console: ConsoleApp) -> Starlette:
         routes=routes,
         exception_handlers={404: console._not_found, 405: console._not_found, 500: console._server_error},
     )
+
+
+def _any_port(origin: str) -> str:
+    """A CSP source for every port of ``origin``'s scheme and host (``https://127.0.0.1:17122``
+    -> ``https://127.0.0.1:*``; an IPv6 host keeps its brackets)."""
+    parts = urllib.parse.urlsplit(origin)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}:*"

@@ -239,7 +239,7 @@ async def test_the_health_read_finds_a_jobs_other_runs_by_the_job_whatever_the_p
 async def on_trial(admin: PgConnection, trial_run_s: float = 5.0) -> dict[str, bool]:
     """Which live workers the placer's reads say are on trial (both reads must agree)."""
     rows = await admin.fetch(queries.LIVE_WORKERS, 600.0, trial_run_s)
-    row = await admin.fetchrow(queries.ROUND_READ, 600.0, 0, 0, 100, [], trial_run_s)
+    row = await admin.fetchrow(queries.ROUND_READ, 600.0, 0, 0, 100, [], trial_run_s, False)
     assert row is not None
     trial = {r["id"]: r["trial"] for r in rows}
     assert dict(zip(row["w_id"], row["w_trial"], strict=True)) == trial
