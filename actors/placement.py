@@ -199,7 +199,6 @@ def place_queue_steps(
         stuck, stuck_shapes = stuck[keep], stuck_shapes[keep]
     unschedulable = Unschedulable(stuck, queue.ids[stuck], stuck_shapes, by_shape)
     plan = Plan(placements=(), unschedulable=unschedulable)
-    within_all = None if ledger is None else ledger.within(queue.owner, queue.cpu, queue.mem)
     order = (
         None
         if shares is None
@@ -208,7 +207,11 @@ def place_queue_steps(
             cpu=queue.cpu,
             mem=queue.mem,
             prio=queue.prio,
-            candidate=eligible & holdable if within_all is None else eligible & holdable & within_all,
+            candidate=(
+                eligible & holdable
+                if ledger is None
+                else eligible & holdable & ledger.within(queue.owner, queue.cpu, queue.mem)
+            ),
             owners=queue.owners,
             shares=shares,
             total_cpu_millis=float(cap_cpu.sum()),
