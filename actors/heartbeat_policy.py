@@ -89,13 +89,19 @@ def _bounds_ms(settings: ReconcilerSettings) -> tuple[int, int]:
 
 
 def _wanted(
-    workers: int, costs_us: Sequence[float], waits_ms: Sequence[float], settings: ReconcilerSettings
+    workers: int,
+    costs_us: Sequence[float],
+    waits_ms: Sequence[float],
+    settings: ReconcilerSettings,
+    replicas: int = 0,
 ) -> tuple[int, float | None, str]:
     """The interval the rule wants (ms, within the bounds), the cost it used (None: none was
-    measured, the default stood in), and why."""
+    measured, the default stood in), and why. The heartbeats are shared by ``replicas`` (the
+    live control planes) or by those that measured a cost, whichever are more; by one while
+    none has (a registration storm is not spread on a guess)."""
     low_ms, high_ms = _bounds_ms(settings)
     measured = sorted(c for c in costs_us if math.isfinite(c) and c > 0)
-    replicas = max(1, len(measured))
+    replicas = max(1, len(measured), replicas if measured else 0)
     cost_us = measured[len(measured) // 2] if measured else None
     wanted_ms = workers * (cost_us or UNMEASURED_COST_US) / 1000 / (replicas * settings.heartbeat_cpu_budget)
     why = (
@@ -114,13 +120,18 @@ def _wanted(
 
 
 def wanted_interval_ms(
-    *, workers: int, costs_us: Sequence[float], waits_ms: Sequence[float] = (), settings: ReconcilerSettings
+    *,
+    workers: int,
+    costs_us: Sequence[float],
+    waits_ms: Sequence[float] = (),
+    settings: ReconcilerSettings,
+    replicas: int = 0,
 ) -> int | None:
     """The interval (ms) the rule wants now, within the bounds, before the stabilization window
     and :data:`HYSTERESIS` (what :class:`LongestWithin` keeps); the arguments as
     :func:`choose_policy`'s. None while no replica has measured a cost (a guess is not to be held
     for :data:`SHRINK_AFTER_S`)."""
-    interval_ms, cost_us, _ = _wanted(workers, costs_us, waits_ms, settings)
+    interval_ms, cost_us, _ = _wanted(workers, costs_us, waits_ms, settings, replicas)
     return None if cost_us is None else interval_ms
 
 
@@ -132,6 +143,7 @@ def choose_policy(
     settings: ReconcilerSettings,
     waits_ms: Sequence[float] = (),
     floor_ms: int = 0,
+    replicas: int = 0,
 ) -> HeartbeatPolicy:
     """The heartbeat policy for ``workers`` alive workers (see the module's rule).
 
@@ -144,13 +156,16 @@ def choose_policy(
         waits_ms: each live control plane's 99th percentile of the heartbeats' waits (ms); the
             interval is at least :data:`WAIT_INTERVALS` times the largest.
         floor_ms: the interval is at least this (ms, within the bounds; :class:`LongestWithin`).
+        replicas: the live control planes, measured or not: once one measured a cost, the
+            heartbeats are taken as spread over these (a replica that has not measured yet
+            still takes its share).
 
     Returns:
         ``current`` itself when the new interval is within :data:`HYSTERESIS` of it and within
         the bounds, else the new policy.
     """
     low_ms, high_ms = _bounds_ms(settings)
-    interval_ms, cost_us, why = _wanted(workers, costs_us, waits_ms, settings)
+    interval_ms, cost_us, why = _wanted(workers, costs_us, waits_ms, settings, replicas)
     held_ms = min(high_ms, _whole_steps(floor_ms)) if floor_ms > 0 else 0
     if held_ms > interval_ms:
         interval_ms = held_ms

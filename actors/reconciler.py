@@ -317,13 +317,15 @@ class Reconciler(FencedWrites):
         inputs = await self.store.heartbeat_policy_inputs(POLICY_COSTS_SEEN_WITHIN_S)
         # No policy row: the control planes tell their defaults, which is what is in force.
         current = inputs.current or default_policy(s)
+        costs, waits, replicas = inputs.costs_us, inputs.waits_ms, inputs.replicas
         wanted_ms = wanted_interval_ms(
-            workers=workers, costs_us=inputs.costs_us, waits_ms=inputs.waits_ms, settings=s
+            workers=workers, costs_us=costs, waits_ms=waits, replicas=replicas, settings=s
         )
         chosen = choose_policy(
             workers=workers,
-            costs_us=inputs.costs_us,
-            waits_ms=inputs.waits_ms,
+            costs_us=costs,
+            waits_ms=waits,
+            replicas=replicas,
             current=current,
             settings=s,
             floor_ms=0 if wanted_ms is None else self._wanted_intervals.add(trio.current_time(), wanted_ms),

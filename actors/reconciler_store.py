@@ -41,6 +41,8 @@ class PolicyInputs:
     """What one heartbeat costs each control plane seen lately (CPU µs), those that measured it."""
     waits_ms: tuple[float, ...] = ()
     """Each control plane's 99th percentile of its heartbeats' reported waits (ms), if enough."""
+    replicas: int = 0
+    """The control planes seen lately, whether or not they measured a cost."""
 
 
 @attrs.frozen(kw_only=True)
@@ -193,6 +195,7 @@ class PgReconcilerStore(ReadStore):
             current=current,
             costs_us=tuple(float(c) for c in row["costs_us"]),
             waits_ms=tuple(float(w) for w in row["waits_ms"]),
+            replicas=int(row["replicas"]),
         )
 
     async def _deliveries(self, sql: str, *args: Any) -> list[Delivery]:

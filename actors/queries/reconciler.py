@@ -200,8 +200,8 @@ SELECT w.id, w.health_version, w.unhealthy_at IS NOT NULL AS unhealthy,
 
 # The heartbeat policy in force (no row: none chosen yet), and what one heartbeat costs each
 # control plane seen in the last $1 seconds (µs; those that measured it) and the 99th percentile
-# of the waits its heartbeats reported (ms; those that had enough), for the leader's choice of
-# the interval (actors/heartbeat_policy.py).
+# of the waits its heartbeats reported (ms; those that had enough), and how many were seen, for
+# the leader's choice of the interval (actors/heartbeat_policy.py).
 HEARTBEAT_POLICY_INPUTS = """
 SELECT p.interval_ms, p.dead_after_ms, p.workers, p.cpu_per_heartbeat_us, p.reason,
        ARRAY(SELECT c.cpu_per_heartbeat_us FROM control_planes c
@@ -209,6 +209,8 @@ SELECT p.interval_ms, p.dead_after_ms, p.workers, p.cpu_per_heartbeat_us, p.reas
                 AND c.cpu_per_heartbeat_us IS NOT NULL) AS costs_us,
        ARRAY(SELECT c.heartbeat_wait_p99_ms FROM control_planes c
               WHERE c.seen_at > now() - make_interval(secs => $1)
-                AND c.heartbeat_wait_p99_ms IS NOT NULL) AS waits_ms
+                AND c.heartbeat_wait_p99_ms IS NOT NULL) AS waits_ms,
+       (SELECT count(*) FROM control_planes c
+         WHERE c.seen_at > now() - make_interval(secs => $1))::int AS replicas
   FROM (SELECT 1) one LEFT JOIN heartbeat_policy p ON p.id = 1
 """

@@ -188,7 +188,7 @@ async def test_each_replica_records_the_99th_percentile_of_the_waits_its_heartbe
     give 900 ms (never one of the three largest), the same 12 at 4,000 ms at cp-2 give 4,000 (a
     replica sees only its own heartbeats). Heartbeats of an incarnation that is not alive (told
     to register again) are not recorded, and their waits not counted: four workers saying
-    2**32 - 1 ms that way change nothing."""
+    2**32 - 1 ms that way change nothing. The read counts both replicas as live."""
     async with serve_ingests(database_url, "cp-1", "cp-2", presence_interval_s=0.2) as ingests:
         clients = [ControlPlaneClient([i.address], timeout_s=10.0) for i in ingests]
         store = PgReconcilerStore(database_url=database_url, application_name="stockade test reconciler")
@@ -219,6 +219,8 @@ async def test_each_replica_records_the_99th_percentile_of_the_waits_its_heartbe
                 while read != [900.0, 4000.0]:
                     await trio.sleep(0.1)  # the next presence records
                     read = sorted((await store.heartbeat_policy_inputs(60.0)).waits_ms)
+            # Both replicas count as sharing the heartbeats, measured a cost or not.
+            assert (await store.heartbeat_policy_inputs(60.0)).replicas == 2
         finally:
             for client in clients:
                 client.close()

@@ -92,6 +92,20 @@ def test_before_any_cost_is_measured_a_large_cluster_starts_with_a_long_interval
     assert few.interval_ms == 250
 
 
+def test_once_one_replica_measured_the_heartbeats_are_spread_over_every_live_one() -> None:
+    """A cluster starting: one of three live replicas has measured 6 ms a heartbeat. 100
+    workers are shared by all three (100 x 6 ms / (3 x 0.25) = 800 ms), not asked for three
+    times that as if the one replica took them all; with no cost measured the storm rule still
+    counts one replica."""
+    early = choose_policy(workers=100, costs_us=[6000], replicas=3, current=None, settings=SETTINGS)
+    assert early.interval_ms == 800
+    assert "over 3 control planes" in early.reason
+    assert choose_policy(workers=100, costs_us=[6000], current=None, settings=SETTINGS).interval_ms == 2400
+    assert wanted_interval_ms(workers=100, costs_us=[6000], replicas=3, settings=SETTINGS) == 800
+    storm = choose_policy(workers=500, costs_us=[], replicas=3, current=None, settings=SETTINGS)
+    assert storm.interval_ms == 8000
+
+
 def test_a_change_within_the_hysteresis_keeps_the_policy_in_force() -> None:
     """A cost that moved a little keeps the interval (the same object back: nothing to write);
     one that moved a lot changes it."""
