@@ -95,22 +95,27 @@ class JobOrder:
 
 
 @attrs.frozen(kw_only=True)
-class AssignOrder:
-    """An Assign request: start these assignments on worker ``worker_id``."""
+class WorkerOrder:
+    """What every order of the leader to a worker names, and the acceptance rules check before
+    its assignments (:class:`agent.acceptance.Admission`): the epoch it was sent under, and the
+    worker and the incarnation (the life of it) it is meant for."""
 
     epoch: int
     worker_id: str
     incarnation: int
+
+
+@attrs.frozen(kw_only=True)
+class AssignOrder(WorkerOrder):
+    """An Assign request: start these assignments on worker ``worker_id``."""
+
     assignments: tuple[JobOrder, ...]
 
 
 @attrs.frozen(kw_only=True)
-class CancelOrder:
+class CancelOrder(WorkerOrder):
     """A Cancel request: stop these assignments, or refuse them forever if not running."""
 
-    epoch: int
-    worker_id: str
-    incarnation: int
     assignment_ids: tuple[int, ...]
     grace_ms: int = 0
     """The stop's grace in milliseconds (a preemption's): the running jobs get SIGTERM at once
