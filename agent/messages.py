@@ -132,20 +132,26 @@ class Refusal:
 
 
 @attrs.frozen(kw_only=True)
-class AssignDecision:
-    """The acceptance rules' answer to one :class:`AssignOrder`."""
+class OrderDecision:
+    """What the acceptance rules' answer to any :class:`WorkerOrder` says, and its reply too."""
 
-    accepted_ids: tuple[int, ...]
-    """Every accepted assignment id, new ones and duplicates, in request order."""
-    to_start: tuple[JobOrder, ...]
-    """The accepted assignments that are new: the agent must start exactly these."""
     refused: tuple[Refusal, ...]
     epoch_seen: int
     """The worker's newest seen epoch after this request."""
 
 
 @attrs.frozen(kw_only=True)
-class CancelDecision:
+class AssignDecision(OrderDecision):
+    """The acceptance rules' answer to one :class:`AssignOrder`."""
+
+    accepted_ids: tuple[int, ...]
+    """Every accepted assignment id, new ones and duplicates, in request order."""
+    to_start: tuple[JobOrder, ...]
+    """The accepted assignments that are new: the agent must start exactly these."""
+
+
+@attrs.frozen(kw_only=True)
+class CancelDecision(OrderDecision):
     """The acceptance rules' answer to one :class:`CancelOrder`."""
 
     acknowledged_ids: tuple[int, ...]
@@ -153,8 +159,6 @@ class CancelDecision:
     started (refused forever). The reply may be sent only once those in ``to_stop`` ended."""
     to_stop: tuple[int, ...]
     """The acknowledged ids that are running now: the agent must stop them first."""
-    refused: tuple[Refusal, ...]
-    epoch_seen: int
     finished_ids: tuple[int, ...] = ()
     """Ids whose job ended on its own (succeeded or failed) before the cancel took effect: not
     acknowledged, since the cancel changed nothing; their outcome travels with heartbeats."""
