@@ -17,6 +17,7 @@ from agent.messages import (
     JobOrder,
     Refusal,
     RefusalReason,
+    WorkerOrder,
 )
 from agent.runtimes import cannot_run
 
@@ -137,26 +138,24 @@ class Admission:
         self.cancelled.add(assignment_id)
         return assignment_id in self.running
 
-    def _request_refusal(
-        self, worker_id: str, incarnation: int, epoch: int, *, check_fence: bool
-    ) -> RefusalReason | None:
-        if worker_id != self.worker_id:
+    def _request_refusal(self, order: WorkerOrder, *, check_fence: bool) -> RefusalReason | None:
+        if order.worker_id != self.worker_id:
             return RefusalReason.WRONG_WORKER
         if check_fence and not self.accepting:
             return RefusalReason.RESTARTING if self.restarting else RefusalReason.FENCED
-        if incarnation != self.incarnation:
+        if order.incarnation != self.incarnation:
             return RefusalReason.WRONG_INCARNATION
-        if epoch < self.max_epoch_seen:
+        if order.epoch < self.max_epoch_seen:
             return RefusalReason.STALE_EPOCH
-        if epoch > self.confirmed_epoch + EPOCH_LEAD_LIMIT:
+        if order.epoch > self.confirmed_epoch + EPOCH_LEAD_LIMIT:
             return RefusalReason.IMPLAUSIBLE_EPOCH
-        self.max_epoch_seen = epoch
+        self.max_epoch_seen = order.epoch
         return None
 
     def assign(self, order: AssignOrder) -> AssignDecision:
         """Apply the Assign rules to ``order``; reserve resources of what is to be started: the
         orders the caller must start now, each new id once even if the request repeats it."""
-        reason = self._request_refusal(order.worker_id, order.incarnation, order.epoch, check_fence=True)
+        reason = self._request_refusal(order, check_fence=True)
         if reason is not None:
             refused = tuple(Refusal(assignment_id=a.assignment_id, reason=reason) for a in order.assignments)
             return AssignDecision(
@@ -202,7 +201,7 @@ class Admission:
         """Apply the Cancel rules to ``order``; every acknowledged id is remembered as cancelled.
         The caller stops those that run now, then settles the decision with :meth:`settle_cancel`
         before it replies."""
-        reason = self._request_refusal(order.worker_id, order.incarnation, order.epoch, check_fence=False)
+        reason = self._request_refusal(order, check_fence=False)
         if reason is not None:
             return CancelDecision(
                 acknowledged_ids=(),

@@ -477,7 +477,7 @@ def result_from_report(record: JobRecord, job_dir: Path, *, stopped: bool) -> Jo
     """How a job whose supervisor this agent did not fork ended, from its report. ``stopped``:
     this agent asked for a stop. A supervisor that left no report was killed: the job failed,
     unless a stop was asked; with no supervisor recorded either, the job did not start."""
-    paths = OutputPaths(stdout_path=str(job_dir / "stdout.log"), stderr_path=str(job_dir / "stderr.log"))
+    paths = OutputPaths.in_folder(job_dir)
     began = trio_time_of(record.started_monotonic_s)
     report = deadman.read_report(job_dir)
     if not report:

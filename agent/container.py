@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,10 +20,9 @@ import trio
 
 from agent import container_supervisor, deadman
 from agent.job_env import WORKER_ID
-from agent.job_results import JobResult, OutputPaths, container_result, never_ran
+from agent.job_results import JobResult, container_result
 from agent.runtimes import ContainerJob, owner_of
-from agent.starts import Spawner
-from agent.supervised import StopNotice, popen_supervisor, wait_supervisor
+from agent.supervised import SupervisedRun
 from runtime.jobs import ContainerRuntime
 from runtime.settings.agent import AgentSettings
 
@@ -144,74 +143,49 @@ def _remove_by_name(name: str) -> None:
 
 
 async def run_container(
-    runtime: ContainerRuntime,
-    *,
-    job: ContainerJob | None,
-    job_dir: Path,
-    stop: trio.Event,
-    stop_grace_s: float,
-    fence_deadline_path: Path | None,
-    spawner: Spawner | None,
-    on_started: Callable[[], None],
-    job_env: Mapping[str, str],
-    notice: StopNotice | None = None,
+    runtime: ContainerRuntime, run: SupervisedRun, *, job: ContainerJob | None
 ) -> JobResult:
     """:func:`agent.runtimes.run_job` for a container job: returns (or, cancelled, raises) once
     its container has ended and is removed. A ``notice`` stops it as ``docker stop`` would,
     with the notice's grace: ``docker kill --signal SIGTERM``, ``docker kill`` that long after."""
-    paths = OutputPaths(stdout_path=str(job_dir / "stdout.log"), stderr_path=str(job_dir / "stderr.log"))
     began = trio.current_time()
-    if job is None or stop.is_set() or (notice is not None and notice.given.is_set()):
-        on_started()
-        detail = "stopped before it was started" if job is not None else "a container job without its limits"
-        return never_ran(paths, stopped=job is not None, began_at=began, ended_at=began, detail=detail)
+    if job is None:
+        return run.not_started(began, "a container job without its limits", stopped=False)
+    if run.stop_asked():
+        return run.not_started(began, "stopped before it was started", stopped=True)
     env = {k: os.environ[k] for k in _ENGINE_ENV if k in os.environ}
     env["PATH"] = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
     argv = partial(
         supervisor_argv,
         runtime,
         job,
-        stop_grace_s=stop_grace_s,
-        fence_deadline_path=fence_deadline_path,
-        job_env=job_env,
+        stop_grace_s=run.stop_grace_s,
+        fence_deadline_path=run.fence_deadline_path,
+        job_env=run.job_env,
     )
 
     def spawn() -> tuple[subprocess.Popen[bytes], int]:
-        job_dir.mkdir(parents=True, exist_ok=True)
+        run.job_dir.mkdir(parents=True, exist_ok=True)
         if job.user:  # nothing of the job enters it on this side: closed to every job
-            job_dir.chmod(0o700)
-        deadman.clear_files(job_dir)
-        return popen_supervisor(
-            lambda started_fd: argv(started_fd=started_fd),
-            job_dir=job_dir,
-            stdout_path=job_dir / "stdout.log",
-            stderr_path=job_dir / "stderr.log",
-            env=env,
-        )
+            run.job_dir.chmod(0o700)
+        deadman.clear_files(run.job_dir)
+        return run.popen(lambda started_fd: argv(started_fd=started_fd), env=env)
 
     try:
-        proc, started_fd = spawn() if spawner is None else await spawner.run(spawn)
+        proc, started_fd = await run.spawn(spawn)
     except OSError as exc:
-        on_started()
-        detail = f"cannot start the supervisor of container {container_name(job)}: {exc}"
-        return never_ran(paths, began_at=began, detail=detail)
-    stopped, exec_reported, code = await wait_supervisor(
-        proc,
-        started_fd,
-        stop=stop,
-        stop_grace_s=stop_grace_s,
-        on_started=on_started,
-        notice=notice,
-        job_dir=job_dir,
-    )
-    report = deadman.read_report(job_dir)
+        return run.not_started(
+            began, f"cannot start the supervisor of container {container_name(job)}: {exc}"
+        )
+    stopped, exec_reported, code = await run.wait(proc, started_fd)
+    report = deadman.read_report(run.job_dir)
     if report.get("removed") != "1" and "error" not in report:
         # Its supervisor was killed (maybe between create and start), or lost the engine: do
         # not leave the container behind. (A report's error: no container is left.)
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(_remove_by_name, container_name(job))
     return container_result(
-        report, code, stopped=stopped, exec_reported=exec_reported, began_at=began, paths=paths
+        report, code, stopped=stopped, exec_reported=exec_reported, began_at=began, paths=run.paths
     )
 
 

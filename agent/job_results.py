@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import attrs
@@ -54,6 +55,12 @@ def timeout_detail(timeout_s: float) -> str:
 class OutputPaths:
     stdout_path: str
     stderr_path: str
+
+    @classmethod
+    def in_folder(cls, job_dir: Path) -> OutputPaths:
+        """The output files of the job whose folder is ``job_dir``: its ``stdout.log`` and
+        ``stderr.log``."""
+        return cls(stdout_path=str(job_dir / "stdout.log"), stderr_path=str(job_dir / "stderr.log"))
 
 
 def never_ran(

@@ -95,22 +95,27 @@ class JobOrder:
 
 
 @attrs.frozen(kw_only=True)
-class AssignOrder:
-    """An Assign request: start these assignments on worker ``worker_id``."""
+class WorkerOrder:
+    """What every order of the leader to a worker names, and the acceptance rules check before
+    its assignments (:class:`agent.acceptance.Admission`): the epoch it was sent under, and the
+    worker and the incarnation (the life of it) it is meant for."""
 
     epoch: int
     worker_id: str
     incarnation: int
+
+
+@attrs.frozen(kw_only=True)
+class AssignOrder(WorkerOrder):
+    """An Assign request: start these assignments on worker ``worker_id``."""
+
     assignments: tuple[JobOrder, ...]
 
 
 @attrs.frozen(kw_only=True)
-class CancelOrder:
+class CancelOrder(WorkerOrder):
     """A Cancel request: stop these assignments, or refuse them forever if not running."""
 
-    epoch: int
-    worker_id: str
-    incarnation: int
     assignment_ids: tuple[int, ...]
     grace_ms: int = 0
     """The stop's grace in milliseconds (a preemption's): the running jobs get SIGTERM at once
@@ -127,20 +132,26 @@ class Refusal:
 
 
 @attrs.frozen(kw_only=True)
-class AssignDecision:
-    """The acceptance rules' answer to one :class:`AssignOrder`."""
+class OrderDecision:
+    """What the acceptance rules' answer to any :class:`WorkerOrder` says, and its reply too."""
 
-    accepted_ids: tuple[int, ...]
-    """Every accepted assignment id, new ones and duplicates, in request order."""
-    to_start: tuple[JobOrder, ...]
-    """The accepted assignments that are new: the agent must start exactly these."""
     refused: tuple[Refusal, ...]
     epoch_seen: int
     """The worker's newest seen epoch after this request."""
 
 
 @attrs.frozen(kw_only=True)
-class CancelDecision:
+class AssignDecision(OrderDecision):
+    """The acceptance rules' answer to one :class:`AssignOrder`."""
+
+    accepted_ids: tuple[int, ...]
+    """Every accepted assignment id, new ones and duplicates, in request order."""
+    to_start: tuple[JobOrder, ...]
+    """The accepted assignments that are new: the agent must start exactly these."""
+
+
+@attrs.frozen(kw_only=True)
+class CancelDecision(OrderDecision):
     """The acceptance rules' answer to one :class:`CancelOrder`."""
 
     acknowledged_ids: tuple[int, ...]
@@ -148,8 +159,6 @@ class CancelDecision:
     started (refused forever). The reply may be sent only once those in ``to_stop`` ended."""
     to_stop: tuple[int, ...]
     """The acknowledged ids that are running now: the agent must stop them first."""
-    refused: tuple[Refusal, ...]
-    epoch_seen: int
     finished_ids: tuple[int, ...] = ()
     """Ids whose job ended on its own (succeeded or failed) before the cancel took effect: not
     acknowledged, since the cancel changed nothing; their outcome travels with heartbeats."""

@@ -20,12 +20,12 @@ import attrs
 import trio
 
 from agent import deadman, reaper
-from agent.job_results import JobResult, OutputPaths, command_result, never_ran, oom_killed, timeout_detail
+from agent.job_results import JobResult, command_result, oom_killed, timeout_detail
 from agent.messages import JobState
 from agent.resources import ConfinedJob, Confinement, JobLimits, JobResources, release
 from agent.sleep_jobs import PauseView, run_sleep
 from agent.starts import Spawner
-from agent.supervised import StopNotice, popen_supervisor, wait_supervisor
+from agent.supervised import StopNotice, SupervisedRun
 from runtime.jobs import CommandRuntime, ContainerRuntime, JobRuntime, SleepRuntime
 from runtime.os_users import RunAs, chown, ensure_traversable
 
@@ -175,6 +175,16 @@ async def run_job(
         trio.Cancelled: after having a command's reaper SIGKILL the job (shielded).
     """
     options = run_options or RunOptions()
+    supervised = SupervisedRun(
+        job_dir=job_dir,
+        job_env=job_env or {},
+        spawner=spawner,
+        on_started=on_started,
+        fence_deadline_path=fence_deadline_path,
+        stop=stop,
+        stop_grace_s=stop_grace_s,
+        notice=notice,
+    )
     match runtime:
         case SleepRuntime():
             on_started()
@@ -184,39 +194,21 @@ async def run_job(
         case CommandRuntime():
             return await _run_command(
                 runtime,
-                job_dir=job_dir,
-                stop=stop,
-                stop_grace_s=stop_grace_s,
-                fence_deadline_path=fence_deadline_path,
+                supervised,
                 job_nice=job_nice,
-                spawner=spawner,
-                on_started=on_started,
                 run_as=run_as,
-                job_env=job_env or {},
                 options=options,
                 resources=None if limits is None else resources,
                 limits=limits,
                 on_spawned=on_spawned,
                 oom_score_adj=oom_score_adj,
-                notice=notice,
             )
         case ContainerRuntime():
             # Imported here: it loads the Docker SDK only where a container job runs.
             from agent.container import run_container
 
             return await _timed(
-                lambda inner: run_container(
-                    runtime,
-                    job=container,
-                    job_dir=job_dir,
-                    stop=inner,
-                    stop_grace_s=stop_grace_s,
-                    fence_deadline_path=fence_deadline_path,
-                    spawner=spawner,
-                    on_started=on_started,
-                    job_env=job_env or {},
-                    notice=notice,
-                ),
+                lambda inner: run_container(runtime, attrs.evolve(supervised, stop=inner), job=container),
                 stop,
                 options.timeout_s,
             )
@@ -279,32 +271,20 @@ def job_runner(spawner: Spawner | None) -> JobRunner:
 
 async def _run_command(
     spec: CommandRuntime,
+    run: SupervisedRun,
     *,
-    job_dir: Path,
-    stop: trio.Event,
-    stop_grace_s: float,
-    fence_deadline_path: Path | None,
     job_nice: int,
-    spawner: Spawner | None,
-    on_started: Callable[[], None],
     run_as: RunAs | None,
-    job_env: Mapping[str, str],
     options: RunOptions,
     resources: JobResources | None,
     limits: JobLimits | None,
     on_spawned: Callable[[int], None] | None = None,
     oom_score_adj: int | None = None,
-    notice: StopNotice | None = None,
 ) -> JobResult:
-    stdout_path = job_dir / "stdout.log"
-    stderr_path = job_dir / "stderr.log"
-    paths = OutputPaths(stdout_path=str(stdout_path), stderr_path=str(stderr_path))
+    job_dir = run.job_dir
     began = trio.current_time()
-    if stop.is_set() or (notice is not None and notice.given.is_set()):
-        on_started()
-        return never_ran(
-            paths, stopped=True, began_at=began, ended_at=began, detail="stopped before it was started"
-        )
+    if run.stop_asked():
+        return run.not_started(began, "stopped before it was started", stopped=True)
 
     def spawn() -> tuple[subprocess.Popen[bytes], int, ConfinedJob | None]:
         """Make the job's cgroup and start its reaper from the calling thread: the reaper, the
@@ -337,8 +317,8 @@ async def _run_command(
                 reaper.reaper_argv,
                 sys.executable,
                 parent_pid=os.getpid(),
-                stop_grace_s=stop_grace_s,
-                fence_deadline_path=None if fence_deadline_path is None else str(fence_deadline_path),
+                stop_grace_s=run.stop_grace_s,
+                fence_deadline_path=None if run.fence_deadline_path is None else str(run.fence_deadline_path),
                 argv=spec.argv,
                 job_nice=job_nice,
                 run_as_uid=run_as.uid if switch and run_as else None,
@@ -350,13 +330,10 @@ async def _run_command(
                 clone_into=confinement.clone_into,
                 oom_score_adj=oom_score_adj,
             )
-            proc, started_fd = popen_supervisor(
+            proc, started_fd = run.popen(
                 lambda started_fd: command(started_fd=started_fd),
-                job_dir=job_dir,
-                stdout_path=stdout_path,
-                stderr_path=stderr_path,
                 # The job's own PATH or HOME (its spec's env) wins over the defaults.
-                env={"PATH": JOB_PATH, "HOME": str(home), **job_env},
+                env={"PATH": JOB_PATH, "HOME": str(home), **run.job_env},
             )
         except BaseException:
             if confined is not None:
@@ -367,31 +344,21 @@ async def _run_command(
     try:
         # Shielded inside Spawner.run: the reaper it forks always comes back here, and no
         # checkpoint follows before the try below that kills it when cancelled.
-        proc, started_fd, confined = spawn() if spawner is None else await spawner.run(spawn)
+        proc, started_fd, confined = await run.spawn(spawn)
     except _CannotConfine as exc:
-        on_started()
-        return never_ran(paths, began_at=began, detail=str(exc))
+        return run.not_started(began, str(exc))
     except (OSError, subprocess.SubprocessError) as exc:
-        on_started()
-        return never_ran(paths, began_at=began, detail=f"cannot start the reaper of {spec.argv[0]!r}: {exc}")
+        return run.not_started(began, f"cannot start the reaper of {spec.argv[0]!r}: {exc}")
     if on_spawned is not None:
         on_spawned(proc.pid)  # no checkpoint since the fork came back: wait_supervisor owns it next
     try:
-        stopped, exec_reported, reaper_code = await wait_supervisor(
-            proc,
-            started_fd,
-            stop=stop,
-            stop_grace_s=stop_grace_s,
-            on_started=on_started,
-            notice=notice,
-            job_dir=job_dir,
-        )
+        stopped, exec_reported, reaper_code = await run.wait(proc, started_fd)
     finally:
         # Also when cancelled: the cgroup goes with the job (its leftovers are killed first).
         oom_kills = 0 if confined is None else (await release(confined)).oom_kills
     report = deadman.read_report(job_dir)
     result = command_result(
-        report, reaper_code, stopped=stopped, exec_reported=exec_reported, began_at=began, paths=paths
+        report, reaper_code, stopped=stopped, exec_reported=exec_reported, began_at=began, paths=run.paths
     )
     return oom_killed(result, oom_kills, limits)
 

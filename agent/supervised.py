@@ -4,6 +4,7 @@ Command jobs' reapers and container jobs' supervisors alike: :func:`popen_superv
 with the write end of its start pipe, and :func:`wait_supervisor` waits for its exit (through a
 pidfd, else polling ``waitid``) while passing a stop on. The exit is observed before the
 supervisor is reaped, so the sweep of its group cannot hit a recycled process id.
+:class:`SupervisedRun` holds what both kinds of job are given and runs those steps for them.
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ import signal
 import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import attrs
 import trio
 
 from agent import deadman
+from agent.job_results import JobResult, OutputPaths, never_ran
 from agent.sleep_jobs import either
+from agent.starts import Spawner
 from runtime.settings.agent import JOB_PROCESSES
+
+_T = TypeVar("_T")
 
 _POLL_INTERVAL_S = JOB_PROCESSES.exit_poll_s
 REAPER_SLACK_S = JOB_PROCESSES.reaper_slack_s
@@ -267,3 +272,64 @@ async def wait_supervisor(
     # anything that joined that group, then reap.
     _signal_group(pid, signal.SIGKILL)
     return stopped, start_signal == deadman.STARTED_BYTE, proc.wait()
+
+
+@attrs.frozen(kw_only=True)
+class SupervisedRun:
+    """What a job run under a supervisor process (a command's reaper, a container's supervisor)
+    is given by :func:`agent.runtimes.run_job` (see its Args for each field): where it runs,
+    how its supervisor is started, how it is stopped."""
+
+    job_dir: Path
+    job_env: Mapping[str, str]
+    spawner: Spawner | None
+    on_started: Callable[[], None]
+    fence_deadline_path: Path | None
+    stop: trio.Event
+    stop_grace_s: float
+    notice: StopNotice | None = None
+
+    @property
+    def paths(self) -> OutputPaths:
+        """The job's output files, in :attr:`job_dir`."""
+        return OutputPaths.in_folder(self.job_dir)
+
+    def stop_asked(self) -> bool:
+        """Whether ``stop`` or the ``notice`` was given already."""
+        return self.stop.is_set() or (self.notice is not None and self.notice.given.is_set())
+
+    def not_started(self, began_at: float, detail: str, *, stopped: bool = False) -> JobResult:
+        """Call ``on_started`` and return :func:`agent.job_results.never_ran` (ended now; at
+        ``began_at`` when ``stopped`` before its start): the job's supervisor never ran it."""
+        self.on_started()
+        ended_at = began_at if stopped else None
+        return never_ran(self.paths, stopped=stopped, began_at=began_at, ended_at=ended_at, detail=detail)
+
+    async def spawn(self, fork: Callable[[], _T]) -> _T:
+        """``fork()`` on :attr:`spawner`'s thread (shielded there), or on the calling thread."""
+        return fork() if self.spawner is None else await self.spawner.run(fork)
+
+    def popen(
+        self, command: Callable[[int], list[str]], *, env: Mapping[str, str]
+    ) -> tuple[subprocess.Popen[bytes], int]:
+        """:func:`popen_supervisor` in :attr:`job_dir`, its output appended to the job's files."""
+        paths = self.paths
+        return popen_supervisor(
+            command,
+            job_dir=self.job_dir,
+            stdout_path=Path(paths.stdout_path),
+            stderr_path=Path(paths.stderr_path),
+            env=env,
+        )
+
+    async def wait(self, proc: subprocess.Popen[bytes], started_fd: int) -> tuple[bool, bool, int]:
+        """:func:`wait_supervisor` for ``proc`` with this run's stops and ``on_started``."""
+        return await wait_supervisor(
+            proc,
+            started_fd,
+            stop=self.stop,
+            stop_grace_s=self.stop_grace_s,
+            on_started=self.on_started,
+            notice=self.notice,
+            job_dir=self.job_dir,
+        )
