@@ -94,12 +94,16 @@ async def run_control_plane(
     reconciler_roles_send, reconciler_roles_recv = trio.open_memory_channel[RoleChange](16)
 
     client_tls = None if settings.tls is None else ClientTls(settings.tls)
+    # Who this replica is and where it listens: the same for every actor that serves.
+    replica: dict[str, Any] = {
+        "cp_id": settings.cp_id,
+        "database_url": settings.database_url,
+        "listen_host": settings.listen_host,
+    }
     console = None
     if settings.http_port is not None:
         console = Console(
-            cp_id=settings.cp_id,
-            database_url=settings.database_url,
-            listen_host=settings.listen_host,
+            **replica,
             http_port=settings.http_port,
             url=console_url(
                 listen_host=settings.listen_host,
@@ -112,9 +116,7 @@ async def run_control_plane(
             clock=time.time,
         )
     ingest = Ingest(
-        cp_id=settings.cp_id,
-        database_url=settings.database_url,
-        listen_host=settings.listen_host,
+        **replica,
         listen_port=settings.listen_port,
         presence_interval_s=settings.presence_interval_s,
         settings=settings.ingest,
