@@ -12,20 +12,10 @@ from typing import Any
 import attrs
 
 from actors import queries, validation
+from actors.rows import columns, or_unset
 from protocol import pb
 from runtime.validation import JOB_STATES
 from runtime.wire_jobs import job_spec_to_pb
-
-
-def _columns(row: Any, *names: str) -> dict[str, Any]:
-    """``row``'s columns ``names`` as the fields of the same names: those a reply takes as they are."""
-    return {name: row[name] for name in names}
-
-
-def _or_unset(row: Any, unset: object, *names: str) -> dict[str, Any]:
-    """``row``'s columns ``names`` as the fields of the same names, NULL as ``unset`` (the
-    field's zero: protobuf has no null)."""
-    return {name: row[name] or unset for name in names}
 
 
 def _exit_code(row: Any) -> dict[str, Any]:
@@ -40,10 +30,10 @@ def job_info(row: Any, *, env_values: bool) -> pb.JobInfo:
     info = pb.JobInfo(
         job_id=row["id"],
         spec=job_spec_to_pb(spec if env_values else spec.env_values_hidden()),
-        **_columns(row, "state", "reason", "attempts", "failures", "owner"),
-        **_or_unset(row, "", "worker_id", "stdout_path", "stderr_path"),
-        **_or_unset(row, 0, "assignment_id", "epoch", "array_id", "array_index"),
-        **_or_unset(row, 0.0, "submitted_unix_s", "started_unix_s", "finished_unix_s", "read_unix_s"),
+        **columns(row, "state", "reason", "attempts", "failures", "owner"),
+        **or_unset(row, "", "worker_id", "stdout_path", "stderr_path"),
+        **or_unset(row, 0, "assignment_id", "epoch", "array_id", "array_index"),
+        **or_unset(row, 0.0, "submitted_unix_s", "started_unix_s", "finished_unix_s", "read_unix_s"),
         **_exit_code(row),
         not_before_unix_s=row["not_before_unix_s"] or 0.0 if row["state"] == "pending" else 0.0,
     )
@@ -65,8 +55,8 @@ def attempt_info(row: Any) -> pb.Attempt:
     """An ``Attempt`` from a row of :data:`actors.queries.JOB_ATTEMPTS`."""
     return pb.Attempt(
         assignment_id=row["id"],
-        **_columns(row, "worker_id", "epoch", "state", "end_reason", "detail", "counted"),
-        **_or_unset(row, 0.0, "created_unix_s", "ended_unix_s"),
+        **columns(row, "worker_id", "epoch", "state", "end_reason", "detail", "counted"),
+        **or_unset(row, 0.0, "created_unix_s", "ended_unix_s"),
         **_exit_code(row),
     )
 
@@ -80,9 +70,9 @@ def job_events_reply(job_id: int, rows: list[Any]) -> pb.GetJobEventsReply:
         events=[
             pb.JobEvent(
                 kind=r["kind"],
-                **_or_unset(r, "", "worker_id", "leader", "state", "reason", "outcome", "detail"),
-                **_or_unset(r, 0, "assignment_id", "incarnation", "epoch"),
-                **_or_unset(r, 0.0, "at_unix_s", "not_before_unix_s"),
+                **or_unset(r, "", "worker_id", "leader", "state", "reason", "outcome", "detail"),
+                **or_unset(r, 0, "assignment_id", "incarnation", "epoch"),
+                **or_unset(r, 0.0, "at_unix_s", "not_before_unix_s"),
                 **_exit_code(r),
             )
             for r in rows
@@ -196,15 +186,15 @@ def worker_schedule_reply(row: Any) -> pb.WorkerScheduleReply:
 def _worker_info(r: Any) -> pb.WorkerInfo:
     """A ``WorkerInfo`` from a row of :data:`actors.queries.STATUS_WORKERS`."""
     return pb.WorkerInfo(
-        **_columns(r, "id", "address", "state", "incarnation"),
-        **_columns(r, "cpu_millis", "memory_mb", "cpu_allocated_millis", "memory_allocated_mb"),
+        **columns(r, "id", "address", "state", "incarnation"),
+        **columns(r, "cpu_millis", "memory_mb", "cpu_allocated_millis", "memory_allocated_mb"),
         job_ids=list(r["job_ids"]),
         last_heartbeat_age_s=r["heartbeat_age_s"],
         **_schedule_fields(r),
         labels=json.loads(r["labels"]) if r["labels"] else {},
         unhealthy=bool(r["unhealthy"]),
         unhealthy_reason=r["unhealthy_reason"] or "",
-        **_or_unset(r, 0.0, "drain_deadline_unix_s", "unhealthy_since_unix_s"),
+        **or_unset(r, 0.0, "drain_deadline_unix_s", "unhealthy_since_unix_s"),
     )
 
 
