@@ -224,13 +224,8 @@ class WorkerHandlers(HeartbeatHandlers):
             incarnation=incarnation,
             address=request.address,
             epoch=epoch,
-            held=len(held),
-            released=len(released),
-            stop=len(stop),
+            **log.counted("assignment_ids", held=held, released=released, stop=stop),
             outcomes=len(finished),
-            held_assignment_ids=list(held),
-            released_assignment_ids=released,
-            stop_assignment_ids=stop,
             **outcome_log_keys(finished),
         )
         interval_ms, dead_after_ms = self._told(told)
