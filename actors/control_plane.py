@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import trio
 
-from actors.console import Console, console_url
+from actors.console import Console
 from actors.database_watch import DatabaseWatch, PgWatchStore
 from actors.dispatcher import Dispatcher, GrpcWorkerCalls
 from actors.heartbeat_policy import default_policy
@@ -99,18 +99,13 @@ async def run_control_plane(
         "cp_id": settings.cp_id,
         "database_url": settings.database_url,
         "listen_host": settings.listen_host,
+        "advertise_address": settings.advertise_address,
     }
     console = None
     if settings.http_port is not None:
         console = Console(
             **replica,
             http_port=settings.http_port,
-            url=console_url(
-                listen_host=settings.listen_host,
-                advertise_address=settings.advertise_address,
-                http_port=settings.http_port,
-                tls=settings.tls is not None,
-            ),
             settings=settings.console,
             tls=settings.tls,
             clock=time.time,
@@ -121,7 +116,6 @@ async def run_control_plane(
         presence_interval_s=settings.presence_interval_s,
         settings=settings.ingest,
         told_default=default_policy(settings.reconciler),
-        advertise_address=settings.advertise_address,
         console_url=None if console is None else console.url,
         tls=None if settings.tls is None else server_context(settings.tls),
         worker_tls=client_tls,
