@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import trio
 
-from actors.console import Console, console_url
+from actors.console import Console
 from actors.database_watch import DatabaseWatch, PgWatchStore
 from actors.dispatcher import Dispatcher, GrpcWorkerCalls
 from actors.heartbeat_policy import default_policy
@@ -94,32 +94,28 @@ async def run_control_plane(
     reconciler_roles_send, reconciler_roles_recv = trio.open_memory_channel[RoleChange](16)
 
     client_tls = None if settings.tls is None else ClientTls(settings.tls)
+    # Who this replica is and where it listens: the same for every actor that serves.
+    replica: dict[str, Any] = {
+        "cp_id": settings.cp_id,
+        "database_url": settings.database_url,
+        "listen_host": settings.listen_host,
+        "advertise_address": settings.advertise_address,
+    }
     console = None
     if settings.http_port is not None:
         console = Console(
-            cp_id=settings.cp_id,
-            database_url=settings.database_url,
-            listen_host=settings.listen_host,
+            **replica,
             http_port=settings.http_port,
-            url=console_url(
-                listen_host=settings.listen_host,
-                advertise_address=settings.advertise_address,
-                http_port=settings.http_port,
-                tls=settings.tls is not None,
-            ),
             settings=settings.console,
             tls=settings.tls,
             clock=time.time,
         )
     ingest = Ingest(
-        cp_id=settings.cp_id,
-        database_url=settings.database_url,
-        listen_host=settings.listen_host,
+        **replica,
         listen_port=settings.listen_port,
         presence_interval_s=settings.presence_interval_s,
         settings=settings.ingest,
         told_default=default_policy(settings.reconciler),
-        advertise_address=settings.advertise_address,
         console_url=None if console is None else console.url,
         tls=None if settings.tls is None else server_context(settings.tls),
         worker_tls=client_tls,

@@ -11,6 +11,7 @@ import attrs
 
 from actors import idempotency, queries
 from actors.ingest_workers import WorkerHandlers
+from actors.rows import ints
 from protocol import pb
 from runtime import log
 from runtime.accounts import CLEARABLE, AccountChange
@@ -33,9 +34,7 @@ def account_info(row: Any) -> pb.AccountInfo:
     return pb.AccountInfo(
         name=row["name"],
         weight=float(row["weight"]),
-        used_cpu_millis=int(row["used_cpu_millis"]),
-        used_memory_mb=int(row["used_memory_mb"]),
-        queued_jobs=int(row["queued_jobs"]),
+        **ints(row, "used_cpu_millis", "used_memory_mb", "queued_jobs"),
         **caps,
     )
 

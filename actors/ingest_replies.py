@@ -12,9 +12,15 @@ from typing import Any
 import attrs
 
 from actors import queries, validation
+from actors.rows import columns, or_unset
 from protocol import pb
 from runtime.validation import JOB_STATES
 from runtime.wire_jobs import job_spec_to_pb
+
+
+def _exit_code(row: Any) -> dict[str, Any]:
+    """``has_exit_code`` and ``exit_code`` from a row's ``exit_code`` column (NULL: none)."""
+    return {"has_exit_code": row["exit_code"] is not None, "exit_code": row["exit_code"] or 0}
 
 
 def job_info(row: Any, *, env_values: bool) -> pb.JobInfo:
@@ -24,25 +30,12 @@ def job_info(row: Any, *, env_values: bool) -> pb.JobInfo:
     info = pb.JobInfo(
         job_id=row["id"],
         spec=job_spec_to_pb(spec if env_values else spec.env_values_hidden()),
-        state=row["state"],
-        reason=row["reason"],
-        worker_id=row["worker_id"] or "",
-        assignment_id=row["assignment_id"] or 0,
-        epoch=row["epoch"] or 0,
-        has_exit_code=row["exit_code"] is not None,
-        exit_code=row["exit_code"] or 0,
-        submitted_unix_s=row["submitted_unix_s"] or 0.0,
-        started_unix_s=row["started_unix_s"] or 0.0,
-        finished_unix_s=row["finished_unix_s"] or 0.0,
-        stdout_path=row["stdout_path"] or "",
-        stderr_path=row["stderr_path"] or "",
-        attempts=row["attempts"],
-        failures=row["failures"],
+        **columns(row, "state", "reason", "attempts", "failures", "owner"),
+        **or_unset(row, "", "worker_id", "stdout_path", "stderr_path"),
+        **or_unset(row, 0, "assignment_id", "epoch", "array_id", "array_index"),
+        **or_unset(row, 0.0, "submitted_unix_s", "started_unix_s", "finished_unix_s", "read_unix_s"),
+        **_exit_code(row),
         not_before_unix_s=row["not_before_unix_s"] or 0.0 if row["state"] == "pending" else 0.0,
-        array_id=row["array_id"] or 0,
-        array_index=row["array_index"] or 0,
-        read_unix_s=row["read_unix_s"] or 0.0,
-        owner=row["owner"],
     )
     if row["cancel_requested"] and row["state"] in ("assigned", "running"):
         info.reason = "cancelling"
@@ -62,16 +55,9 @@ def attempt_info(row: Any) -> pb.Attempt:
     """An ``Attempt`` from a row of :data:`actors.queries.JOB_ATTEMPTS`."""
     return pb.Attempt(
         assignment_id=row["id"],
-        worker_id=row["worker_id"],
-        epoch=row["epoch"],
-        state=row["state"],
-        end_reason=row["end_reason"],
-        has_exit_code=row["exit_code"] is not None,
-        exit_code=row["exit_code"] or 0,
-        created_unix_s=row["created_unix_s"] or 0.0,
-        ended_unix_s=row["ended_unix_s"] or 0.0,
-        detail=row["detail"],
-        counted=row["counted"],
+        **columns(row, "worker_id", "epoch", "state", "end_reason", "detail", "counted"),
+        **or_unset(row, 0.0, "created_unix_s", "ended_unix_s"),
+        **_exit_code(row),
     )
 
 
@@ -84,19 +70,10 @@ def job_events_reply(job_id: int, rows: list[Any]) -> pb.GetJobEventsReply:
         events=[
             pb.JobEvent(
                 kind=r["kind"],
-                at_unix_s=r["at_unix_s"] or 0.0,
-                assignment_id=r["assignment_id"] or 0,
-                worker_id=r["worker_id"] or "",
-                incarnation=r["incarnation"] or 0,
-                epoch=r["epoch"] or 0,
-                leader=r["leader"] or "",
-                state=r["state"] or "",
-                reason=r["reason"] or "",
-                outcome=r["outcome"] or "",
-                has_exit_code=r["exit_code"] is not None,
-                exit_code=r["exit_code"] or 0,
-                detail=r["detail"] or "",
-                not_before_unix_s=r["not_before_unix_s"] or 0.0,
+                **or_unset(r, "", "worker_id", "leader", "state", "reason", "outcome", "detail"),
+                **or_unset(r, 0, "assignment_id", "incarnation", "epoch"),
+                **or_unset(r, 0.0, "at_unix_s", "not_before_unix_s"),
+                **_exit_code(r),
             )
             for r in rows
         ],
@@ -184,7 +161,7 @@ def schedule_of(*, cordoned: bool, drain_requested: bool, active_jobs: int) -> S
     )
 
 
-def _schedule_fields(row: Any) -> dict[str, bool]:
+def _schedule_fields(row: Any) -> dict[str, Any]:
     """``cordoned``, ``draining`` and ``drained`` of a worker's row that lists its ``job_ids``."""
     drain_requested, active_jobs = bool(row["drain_requested"]), len(row["job_ids"])
     return attrs.asdict(
@@ -209,22 +186,15 @@ def worker_schedule_reply(row: Any) -> pb.WorkerScheduleReply:
 def _worker_info(r: Any) -> pb.WorkerInfo:
     """A ``WorkerInfo`` from a row of :data:`actors.queries.STATUS_WORKERS`."""
     return pb.WorkerInfo(
-        id=r["id"],
-        address=r["address"],
-        state=r["state"],
-        cpu_millis=r["cpu_millis"],
-        memory_mb=r["memory_mb"],
-        cpu_allocated_millis=r["cpu_allocated_millis"],
-        memory_allocated_mb=r["memory_allocated_mb"],
+        **columns(r, "id", "address", "state", "incarnation"),
+        **columns(r, "cpu_millis", "memory_mb", "cpu_allocated_millis", "memory_allocated_mb"),
         job_ids=list(r["job_ids"]),
-        incarnation=r["incarnation"],
         last_heartbeat_age_s=r["heartbeat_age_s"],
         **_schedule_fields(r),
-        drain_deadline_unix_s=r["drain_deadline_unix_s"] or 0.0,
         labels=json.loads(r["labels"]) if r["labels"] else {},
         unhealthy=bool(r["unhealthy"]),
         unhealthy_reason=r["unhealthy_reason"] or "",
-        unhealthy_since_unix_s=r["unhealthy_since_unix_s"] or 0.0,
+        **or_unset(r, 0.0, "drain_deadline_unix_s", "unhealthy_since_unix_s"),
     )
 
 

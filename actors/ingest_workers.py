@@ -24,6 +24,9 @@ from runtime.aio import PgConnection, require_worker
 from runtime.errors import IdempotencyConflict, InvalidArgument, NotFound
 from runtime.validation import check_drain_deadline_ms, check_idempotency_key, check_worker_id
 
+_CHECKED_AS_SENT = ("worker_id", "address", "cpu_millis", "memory_mb", "agent_run_id", "registration_seq")
+"""The fields of a registration that :func:`actors.validation.check_registration` takes as sent."""
+
 
 def registration_args(
     request: pb.RegisterWorkerRequest, labels: dict[str, str], digest: bytes
@@ -67,15 +70,7 @@ class WorkerHandlers(HeartbeatHandlers):
     async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerReply:
         require_worker("register_worker", request.worker_id)
         labels = dict(request.labels)
-        validation.check_registration(
-            worker_id=request.worker_id,
-            address=request.address,
-            cpu_millis=request.cpu_millis,
-            memory_mb=request.memory_mb,
-            labels=labels,
-            agent_run_id=request.agent_run_id,
-            registration_seq=request.registration_seq,
-        )
+        validation.check_registration(**{f: getattr(request, f) for f in _CHECKED_AS_SENT}, labels=labels)
         held = validation.check_resume(
             resume_incarnation=request.resume_incarnation,
             held_assignment_ids=list(request.held_assignment_ids),
@@ -224,13 +219,8 @@ class WorkerHandlers(HeartbeatHandlers):
             incarnation=incarnation,
             address=request.address,
             epoch=epoch,
-            held=len(held),
-            released=len(released),
-            stop=len(stop),
+            **log.counted("assignment_ids", held=held, released=released, stop=stop),
             outcomes=len(finished),
-            held_assignment_ids=list(held),
-            released_assignment_ids=released,
-            stop_assignment_ids=stop,
             **outcome_log_keys(finished),
         )
         interval_ms, dead_after_ms = self._told(told)

@@ -20,6 +20,7 @@ from actors.pending_queue import PendingJob
 from actors.preemption import Running, Shares
 from actors.quotas import AccountQuota
 from actors.rooms import WorkerRoom
+from actors.rows import flags, ints, parallel, records
 from runtime.aio import ReadStore
 from runtime.constraints import Constraint
 from runtime.settings.leader import PlacerSettings
@@ -138,7 +139,7 @@ _VICTIM_COLUMNS = (
     "account",
     "started_at_s",
 )
-"""queries.PREEMPTIBLE's ``v_`` arrays, in :class:`actors.preemption.Running`'s order."""
+"""queries.PREEMPTIBLE's ``v_`` arrays, named as :class:`actors.preemption.Running`'s fields."""
 
 _SHARE_COLUMNS = ("account", "cpu_millis", "memory_mb", "weight")
 """queries.PREEMPTIBLE's ``s_`` arrays."""
@@ -180,7 +181,7 @@ _QUOTA_COLUMNS = ("name", "cpu_millis", "memory_mb", "used_cpu_millis", "used_me
 def _job_rows(row: Any) -> list[tuple[Any, ...]]:
     """The pending jobs of a read's one row of parallel arrays, one tuple per job in
     :data:`_JOB_COLUMNS` order."""
-    return list(zip(*(row[f"p_{c}"] or () for c in _JOB_COLUMNS), strict=True))
+    return list(parallel(row, _JOB_COLUMNS, prefix="p_"))
 
 
 async def _waiting(rows: list[tuple[Any, ...]]) -> list[WaitingJob]:
@@ -216,9 +217,7 @@ def _quotas(row: Any) -> dict[str, AccountQuota]:
     """The capped accounts of a read's one row of parallel arrays (``queries.QUOTAS``), by name."""
     return {
         name: AccountQuota(cpu_millis=cpu, memory_mb=mem, used_cpu_millis=used_cpu, used_memory_mb=used_mem)
-        for name, cpu, mem, used_cpu, used_mem in zip(
-            *(row[f"q_{c}"] or () for c in _QUOTA_COLUMNS), strict=True
-        )
+        for name, cpu, mem, used_cpu, used_mem in parallel(row, _QUOTA_COLUMNS, prefix="q_")
     }
 
 
@@ -227,9 +226,8 @@ def _account_use(row: Any) -> dict[str, AccountShare]:
     (``queries.ACCOUNT_USE`` in ``queries.ROUND_READ``), by name."""
     return {
         name: AccountShare(weight=float(weight), used_cpu_millis=int(cpu), used_memory_mb=int(mem))
-        for name, weight, cpu, mem in zip(
-            *(row[f"f_{c}"] or () for c in ("name", "weight", "used_cpu_millis", "used_memory_mb")),
-            strict=True,
+        for name, weight, cpu, mem in parallel(
+            row, ("name", "weight", "used_cpu_millis", "used_memory_mb"), prefix="f_"
         )
     }
 
@@ -251,19 +249,13 @@ def _live_worker(w: Any) -> LiveWorker:
         ref=WorkerRef(worker_id=w["id"], address=w["address"], incarnation=int(w["incarnation"])),
         room=WorkerRoom(
             worker_id=w["id"],
-            cpu_millis=int(w["cpu_millis"]),
-            memory_mb=int(w["memory_mb"]),
-            cpu_allocated_millis=int(w["cpu_allocated_millis"]),
-            memory_allocated_mb=int(w["memory_allocated_mb"]),
+            **ints(w, "cpu_millis", "memory_mb", "cpu_allocated_millis", "memory_allocated_mb"),
             runs_containers=bool(w["runs_containers"]),
             labels=json.loads(w["labels"]) if w["labels"] else {},
         ),
         unconfirmed=int(w["unconfirmed_assignments"]),
         confirmed=int(w["confirmed_assignments"]),
-        cordoned=bool(w["cordoned"]),
-        unhealthy=bool(w["unhealthy"]),
-        probe_due=bool(w["probe_due"]),
-        trial=bool(w["trial"]),
+        **flags(w, "cordoned", "unhealthy", "probe_due", "trial"),
     )
 
 
@@ -312,8 +304,7 @@ class PgPlacerStore(ReadStore):
         )
         assert row is not None
         self.account_use = _account_use(row) if self.with_account_use else None
-        columns = zip(*(row[f"w_{c}"] or () for c in _WORKER_COLUMNS), strict=True)
-        workers = [_live_worker(dict(zip(_WORKER_COLUMNS, values, strict=True))) for values in columns]
+        workers = [_live_worker(w) for w in records(row, _WORKER_COLUMNS, prefix="w_")]
         self.quotas = _quotas(row)
         rows = _job_rows(row)
         # Rows above the mark came from the limited part of the read, the others from the
@@ -348,20 +339,14 @@ class PgPlacerStore(ReadStore):
         assert row is not None
         victims = [
             Running(
-                assignment_id=int(aid),
-                job_id=int(job_id),
-                worker_id=worker_id,
-                cpu_millis=int(cpu),
-                memory_mb=int(memory),
-                priority=int(prio),
-                account=account,
-                started_at_s=float(started),
+                **ints(v, "assignment_id", "job_id", "cpu_millis", "memory_mb", "priority"),
+                worker_id=v["worker_id"],
+                account=v["account"],
+                started_at_s=float(v["started_at_s"]),
             )
-            for aid, job_id, worker_id, cpu, memory, prio, account, started in zip(
-                *(row[f"v_{c}"] or () for c in _VICTIM_COLUMNS), strict=True
-            )
+            for v in records(row, _VICTIM_COLUMNS, prefix="v_")
         ]
-        accounts = list(zip(*(row[f"s_{c}"] or () for c in _SHARE_COLUMNS), strict=True))
+        accounts = list(parallel(row, _SHARE_COLUMNS, prefix="s_"))
         shares = Shares(
             cluster_cpu_millis=0,
             cluster_memory_mb=0,

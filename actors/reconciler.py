@@ -420,14 +420,8 @@ class Reconciler(FencedWrites):
             if not settled.cancelled_job_ids and plan.rows < rows:
                 break
         if released or cancelled:
-            self._log.info(
-                "settled waiting jobs",
-                epoch=epoch,
-                released=len(released),
-                cancelled=len(cancelled),
-                released_job_ids=released,
-                cancelled_job_ids=cancelled,
-            )
+            counts = log.counted("job_ids", released=released, cancelled=cancelled)
+            self._log.info("settled waiting jobs", epoch=epoch, **counts)
         return SettledJobs(released_job_ids=tuple(released), cancelled_job_ids=tuple(cancelled))
 
     async def _declare_and_end_orphans(

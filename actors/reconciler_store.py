@@ -16,6 +16,7 @@ from actors.dependencies import WaitingJob
 from actors.health import JOB_FAULTS, Run, WorkerRuns
 from actors.heartbeat_policy import HeartbeatPolicy
 from actors.messages import CommittedAssignment, WorkerRef
+from actors.rows import ints, parallel
 from runtime.aio import ReadStore
 
 
@@ -118,6 +119,20 @@ def _delivery(row: Any) -> Delivery:
     )
 
 
+_RUN_COLUMNS = (
+    "job_ids",
+    "failed",
+    "details",
+    "after_mark",
+    "ages_s",
+    "array_ids",
+    "spec_keys",
+    "failed_elsewhere",
+    "succeeded_elsewhere",
+)
+"""queries.WORKER_RUNS' parallel arrays of a worker's judged runs."""
+
+
 def worker_runs(row: Any) -> WorkerRuns:
     """A :class:`WorkerRuns` from a row of :data:`actors.queries.WORKER_RUNS`."""
     return WorkerRuns(
@@ -137,17 +152,8 @@ def worker_runs(row: Any) -> WorkerRuns:
                 failed_elsewhere=bool(failed_x),
                 succeeded_elsewhere=bool(succeeded_x),
             )
-            for job_id, failed, detail, after, age_s, array_id, spec_key, failed_x, succeeded_x in zip(
-                row["job_ids"],
-                row["failed"],
-                row["details"],
-                row["after_mark"],
-                row["ages_s"],
-                row["array_ids"],
-                row["spec_keys"],
-                row["failed_elsewhere"],
-                row["succeeded_elsewhere"],
-                strict=True,
+            for job_id, failed, detail, after, age_s, array_id, spec_key, failed_x, succeeded_x in parallel(
+                row, _RUN_COLUMNS
             )
         ),
     )
@@ -159,9 +165,7 @@ def waiting_job(row: Any) -> WaitingJob:
         job_id=int(row["id"]),
         after=tuple(zip((int(i) for i in row["after_ids"]), row["after_states"], strict=True)),
         array_id=None if row["array_id"] is None else int(row["array_id"]),
-        array_index=int(row["array_index"]),
-        array_max_running=int(row["array_max_running"]),
-        array_active=int(row["array_active"]),
+        **ints(row, "array_index", "array_max_running", "array_active"),
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -68,6 +69,18 @@ def bind(**context: Any) -> None:
     (e.g. ``worker_id`` in a fleet's per-worker task) reaches no sibling.
     """
     structlog.contextvars.bind_contextvars(**context)
+
+
+def counted(ids_key: str, **batches: Iterable[Any]) -> dict[str, Any]:
+    """The keys of a line about batches of ids: each batch's count under its name and its ids
+    under ``<name>_<ids_key>``; ``counted("job_ids", released=[3, 4])`` is ``{"released": 2,
+    "released_job_ids": [3, 4]}``."""
+    keys: dict[str, Any] = {}
+    for name, batch in batches.items():
+        ids = list(batch)
+        keys[name] = len(ids)
+        keys[f"{name}_{ids_key}"] = ids
+    return keys
 
 
 def get(name: str) -> Any:

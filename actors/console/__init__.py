@@ -49,7 +49,8 @@ class Console:
 
     Args:
         listen_host: the replica's listen host (used only with TLS).
-        url: this console's origin (:func:`console_url`).
+        advertise_address: the address the replica's ingest is reached at; its host, when
+            given, is the console's with TLS (:func:`console_url`).
         tls: the replica's TLS files; None: no TLS, no login.
         clock: the wall clock in Unix seconds.
     """
@@ -58,13 +59,23 @@ class Console:
     database_url: str
     listen_host: str
     http_port: int
-    url: str
+    advertise_address: str = ""
     settings: ConsoleSettings = attrs.field(factory=ConsoleSettings)
     tls: TlsFiles | None = None
     clock: Callable[[], float] = time.time
     app: ConsoleApp | None = None
     """The application; set once serving."""
     _log: Any = attrs.field(factory=lambda: log.get("console"))
+
+    @property
+    def url(self) -> str:
+        """This console's origin (:func:`console_url`)."""
+        return console_url(
+            listen_host=self.listen_host,
+            advertise_address=self.advertise_address,
+            http_port=self.http_port,
+            tls=self.tls is not None,
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 # Every module's statements, by name: each of these modules holds only SQL and its comments.
 from actors.queries.database_watch import *  # noqa: F403
+from actors.queries.idempotent import AUDIT_PARAMS, once
 from actors.queries.ingest import *  # noqa: F403
 from actors.queries.jobs import JobColumns, job_column_arrays, job_columns, job_spec_of
 from actors.queries.lease import *  # noqa: F403
@@ -19,4 +20,4 @@ from actors.queries.placer import *  # noqa: F403
 from actors.queries.reads import *  # noqa: F403
 from actors.queries.reconciler import *  # noqa: F403
 
-__all__ = ["JobColumns", "job_column_arrays", "job_columns", "job_spec_of"]
+__all__ = ["AUDIT_PARAMS", "JobColumns", "job_column_arrays", "job_columns", "job_spec_of", "once"]

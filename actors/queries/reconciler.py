@@ -20,7 +20,9 @@ SELECT n.now_unix_s, w.id, w.incarnation, greatest(w.dead_after_ms, n.policy_ms)
   LEFT JOIN judged_workers w ON true
 """
 
-_ASSIGNMENT_PAYLOAD = """
+# Active assignments on live workers of the right incarnation, with what a stop or a re-send
+# needs; each query below narrows them with AND ... and orders them by id.
+_ACTIVE_ON_LIVE_WORKERS = """
 SELECT a.id AS assignment_id, a.job_id, a.worker_id, a.worker_incarnation AS incarnation,
        a.epoch, w.address, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_ms, j.argv,
        j.image, j.timeout_ms, j.env::text AS env, j.workdir, j.array_index, j.array_id,
@@ -28,14 +30,14 @@ SELECT a.id AS assignment_id, a.job_id, a.worker_id, a.worker_incarnation AS inc
   FROM assignments a
   JOIN workers w ON w.id = a.worker_id
   JOIN jobs j ON j.id = a.job_id
+ WHERE a.state = 'active' AND w.state = 'alive' AND w.incarnation = a.worker_incarnation
 """
 
 # Active assignments no heartbeat has confirmed, on live workers of the right incarnation.
 UNCONFIRMED_ASSIGNMENTS = (
-    _ASSIGNMENT_PAYLOAD
+    _ACTIVE_ON_LIVE_WORKERS
     + """
- WHERE a.state = 'active' AND a.confirmed_at IS NULL
-   AND w.state = 'alive' AND w.incarnation = a.worker_incarnation
+   AND a.confirmed_at IS NULL
  ORDER BY a.id
 """
 )
@@ -45,22 +47,20 @@ UNCONFIRMED_ASSIGNMENTS = (
 # the first heartbeat that listed it (or its commit, if none did); not those a cancel is asked of
 # (cancelled already). The leader stops them (actors/reconciler.py).
 OVERDUE_ASSIGNMENTS = (
-    _ASSIGNMENT_PAYLOAD
+    _ACTIVE_ON_LIVE_WORKERS
     + """
- WHERE a.state = 'active' AND j.timeout_ms IS NOT NULL AND NOT j.cancel_requested
-   AND w.state = 'alive' AND w.incarnation = a.worker_incarnation
+   AND j.timeout_ms IS NOT NULL AND NOT j.cancel_requested
    AND now() - coalesce(a.confirmed_at, a.created_at)
        > make_interval(secs => j.timeout_ms / 1000.0 + greatest($1::float8, j.timeout_ms / 10000.0))
  ORDER BY a.id
 """
 )
 
-# Active assignments of jobs a user asked to cancel.
+# Active assignments of jobs a user asked to cancel, on live workers of the right incarnation.
 CANCEL_REQUESTED_ASSIGNMENTS = (
-    _ASSIGNMENT_PAYLOAD
+    _ACTIVE_ON_LIVE_WORKERS
     + """
- WHERE a.state = 'active' AND j.cancel_requested
-   AND w.state = 'alive' AND w.incarnation = a.worker_incarnation
+   AND j.cancel_requested
  ORDER BY a.id
 """
 )
@@ -113,11 +113,9 @@ SELECT id, array_id, array_index, array_max_running, after_ids, after_states, ar
 # and requeued (queries.END_DRAINED_ASSIGNMENTS). Jobs a user asked to cancel are left to
 # CANCEL_REQUESTED_ASSIGNMENTS.
 DRAIN_DUE_ASSIGNMENTS = (
-    _ASSIGNMENT_PAYLOAD
+    _ACTIVE_ON_LIVE_WORKERS
     + """
- WHERE a.state = 'active' AND NOT j.cancel_requested
-   AND w.state = 'alive' AND w.incarnation = a.worker_incarnation
-   AND w.drain_deadline_at <= now()
+   AND NOT j.cancel_requested AND w.drain_deadline_at <= now()
  ORDER BY a.id
 """
 )
@@ -128,10 +126,9 @@ DRAIN_DUE_ASSIGNMENTS = (
 # CANCEL_REQUESTED_ASSIGNMENTS. A mark whose preempting job is no longer pending (cancelled, or
 # placed elsewhere) has lapsed: its run is left alone. Index assignments_preempt_requested.
 PREEMPT_DUE_ASSIGNMENTS = (
-    _ASSIGNMENT_PAYLOAD
+    _ACTIVE_ON_LIVE_WORKERS
     + """
- WHERE a.state = 'active' AND a.preempt_requested_at IS NOT NULL AND NOT j.cancel_requested
-   AND w.state = 'alive' AND w.incarnation = a.worker_incarnation
+   AND a.preempt_requested_at IS NOT NULL AND NOT j.cancel_requested
    AND EXISTS (SELECT 1 FROM jobs p WHERE p.id = a.preempted_by AND p.state = 'pending')
  ORDER BY a.id
 """

@@ -21,7 +21,7 @@ import pytest
 import trio
 from seeding import insert_job
 
-from actors.console import Console, console_url
+from actors.console import Console
 from ops.certs import init_cluster, issue
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.console_token import make_token
@@ -48,7 +48,6 @@ async def console_on(
         database_url=database_url,
         listen_host="127.0.0.1",
         http_port=port,
-        url=console_url(listen_host="127.0.0.1", advertise_address="", http_port=port, tls=tls is not None),
         settings=settings or ConsoleSettings(),
         tls=tls,
     )
