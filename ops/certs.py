@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from ops.paths import PathBelow
 from runtime.errors import InvalidArgument, StockadeError
 from runtime.identifiers import check_id, is_host_name
 from runtime.tls import (
@@ -122,13 +123,8 @@ class CertDir:
 
     path: Path
 
-    @property
-    def ca_cert(self) -> Path:
-        return self.path / "ca.crt"
-
-    @property
-    def ca_key(self) -> Path:
-        return self.path / "ca.key"
+    ca_cert = PathBelow("path", "ca.crt")
+    ca_key = PathBelow("path", "ca.key")
 
     def cert(self, id: str) -> Path:
         """``<dir>/<id>.crt``."""

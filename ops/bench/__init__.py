@@ -2,6 +2,32 @@
 generator they drive (:mod:`ops.bench.loadgen`) and the measure scripts
 (``python -m ops.bench.measure_*``); each prints measured numbers, never asserted in tests."""
 
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ops.launcher.state import ClusterConfig
+    from runtime.client import ControlPlaneClient
+
+
+@asynccontextmanager
+async def operator_client(
+    config: ClusterConfig, *, timeout_s: float = 10.0
+) -> AsyncIterator[ControlPlaneClient]:
+    """A client of ``config``'s control planes with the operator's certificate (none on a cluster
+    without TLS), each call given ``timeout_s`` seconds; closed at the end of the block. Open it
+    inside the asyncio bridge."""
+    from runtime.client import ControlPlaneClient
+
+    client = ControlPlaneClient(config.control_plane_addresses, timeout_s=timeout_s, tls=config.client_tls)
+    try:
+        yield client
+    finally:
+        client.close()
+
 
 def heartbeat_flags(interval_s: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The control planes' and the agents' flags that fix the heartbeat interval at

@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from ops import certs as certs_module
+from ops.bench import operator_client
 from ops.launcher.control import LocalCluster
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
@@ -214,14 +215,11 @@ async def _run_two(
             with contextlib.suppress(certs_module.CertificateExists):
                 certs_module.issue(cert_dir, role="user", id=who)
     async with asyncio_bridge():
-        operator = ControlPlaneClient(config.control_plane_addresses, timeout_s=10.0, tls=config.client_tls)
-        try:
+        async with operator_client(config) as operator:
             for who, weight in zip(("alice", "bob"), settings.weights, strict=True):
                 await operator.call(
                     "set_account", pb.SetAccountRequest(name=who, has_weight=True, weight=weight)
                 )
-        finally:
-            operator.close()
         clients = {who: _client(config, cert_dir, who) for who in ("alice", "bob")}
         try:
             async with trio.open_nursery() as nursery:
@@ -241,11 +239,8 @@ async def _run_alone(
 ) -> float:
     config = cluster.config()
     async with asyncio_bridge():
-        client = ControlPlaneClient(config.control_plane_addresses, timeout_s=10.0, tls=config.client_tls)
-        try:
+        async with operator_client(config) as client:
             await _submit(client, _specs(settings, "alone", settings.alone_jobs))
-        finally:
-            client.close()
         await _wait_done(config.database_url, None, settings.timeout_s, progress)
         db = await PgConnection.connect(config.database_url)
         try:

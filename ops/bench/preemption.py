@@ -17,10 +17,10 @@ from typing import Any
 import attrs
 import trio
 
+from ops.bench import operator_client
 from ops.launcher.control import LocalCluster
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
-from runtime.client import ControlPlaneClient
 from runtime.text import read_jsonl
 
 # Running jobs and the alive workers' capacity, cpu_millis.
@@ -112,63 +112,59 @@ async def _run(
     settings: PreemptionBenchSettings, cluster: LocalCluster, progress: Callable[[str], None]
 ) -> PreemptionBenchReport:
     config = cluster.config()
-    async with asyncio_bridge():
-        client = ControlPlaneClient(config.control_plane_addresses, timeout_s=10.0, tls=config.client_tls)
-        try:
-            _, _, capacity = await _fullness(config.database_url)
-            # Fill every worker, and queue as many again so that preempted room refills.
-            count = 2 * capacity // settings.filler_cpu_millis
-            specs = [_filler(settings, n) for n in range(count)]
-            await client.call("submit_jobs", pb.SubmitJobsRequest(specs=specs), timeout_s=60)
+    async with asyncio_bridge(), operator_client(config) as client:
+        _, _, capacity = await _fullness(config.database_url)
+        # Fill every worker, and queue as many again so that preempted room refills.
+        count = 2 * capacity // settings.filler_cpu_millis
+        specs = [_filler(settings, n) for n in range(count)]
+        await client.call("submit_jobs", pb.SubmitJobsRequest(specs=specs), timeout_s=60)
+        deadline = time.monotonic() + settings.timeout_s
+        while True:
+            running, allocated, capacity = await _fullness(config.database_url)
+            progress(f"filling: {running} running, {allocated} of {capacity} cpu_millis allocated")
+            if allocated >= capacity:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError("the cluster did not fill")
+            await trio.sleep(1)
+        waits: list[float] = []
+        for n in range(settings.tries):
+            spec = pb.JobSpec(
+                name=f"urgent-{n}",
+                cpu_millis=settings.cpu_millis,
+                memory_mb=64,
+                priority=10,
+                sleep=pb.SleepRuntime(duration_ms=500),
+            )
+            submitted = time.time()
+            reply = await client.call("submit_job", pb.SubmitJobRequest(spec=spec))
+            job_id = int(reply.job_id)
+            deadline = time.monotonic() + settings.timeout_s
+            started: float | None = None
+            while started is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"job {job_id} of priority 10 did not start")
+                await trio.sleep(0.1)
+                started = await trio.to_thread.run_sync(_started_at, cluster, job_id)
+            waits.append(round(started - submitted, 3))
+            progress(f"try {n + 1}: job {job_id} ran {waits[-1]:.2f} s after its submission")
+            # Let it end, and the cluster fill again, before the next.
             deadline = time.monotonic() + settings.timeout_s
             while True:
-                running, allocated, capacity = await _fullness(config.database_url)
-                progress(f"filling: {running} running, {allocated} of {capacity} cpu_millis allocated")
-                if allocated >= capacity:
+                info = await client.call("get_job", pb.GetJobRequest(job_id=job_id))
+                _, allocated, capacity = await _fullness(config.database_url)
+                if info.state in ("succeeded", "failed", "cancelled") and allocated >= capacity:
                     break
                 if time.monotonic() > deadline:
-                    raise TimeoutError("the cluster did not fill")
-                await trio.sleep(1)
-            waits: list[float] = []
-            for n in range(settings.tries):
-                spec = pb.JobSpec(
-                    name=f"urgent-{n}",
-                    cpu_millis=settings.cpu_millis,
-                    memory_mb=64,
-                    priority=10,
-                    sleep=pb.SleepRuntime(duration_ms=500),
-                )
-                submitted = time.time()
-                reply = await client.call("submit_job", pb.SubmitJobRequest(spec=spec))
-                job_id = int(reply.job_id)
-                deadline = time.monotonic() + settings.timeout_s
-                started: float | None = None
-                while started is None:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"job {job_id} of priority 10 did not start")
-                    await trio.sleep(0.1)
-                    started = await trio.to_thread.run_sync(_started_at, cluster, job_id)
-                waits.append(round(started - submitted, 3))
-                progress(f"try {n + 1}: job {job_id} ran {waits[-1]:.2f} s after its submission")
-                # Let it end, and the cluster fill again, before the next.
-                deadline = time.monotonic() + settings.timeout_s
-                while True:
-                    info = await client.call("get_job", pb.GetJobRequest(job_id=job_id))
-                    _, allocated, capacity = await _fullness(config.database_url)
-                    if info.state in ("succeeded", "failed", "cancelled") and allocated >= capacity:
-                        break
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("the cluster did not fill again")
-                    await trio.sleep(0.2)
-            db = await PgConnection.connect(config.database_url)
-            try:
-                preemptions = int(
-                    await db.fetchval("SELECT count(*) FROM assignments WHERE end_reason = 'preempted'")
-                )
-            finally:
-                await db.close()
+                    raise TimeoutError("the cluster did not fill again")
+                await trio.sleep(0.2)
+        db = await PgConnection.connect(config.database_url)
+        try:
+            preemptions = int(
+                await db.fetchval("SELECT count(*) FROM assignments WHERE end_reason = 'preempted'")
+            )
         finally:
-            client.close()
+            await db.close()
     return PreemptionBenchReport(settings=settings, waits_s=tuple(waits), preemptions=preemptions)
 
 

@@ -11,15 +11,13 @@ from typing import Annotated
 
 import typer
 
-from ops.cli.base import StockadeGroup, app
+from ops.cli.base import command_group
 from ops.cli.common import ControlPlanesOption, JsonOption, control_plane_addresses, errors, with_client
 
-account_app = typer.Typer(
-    cls=StockadeGroup,
-    help="Accounts' quotas (cpu_millis, memory_mb, max pending jobs), priority caps and fair-share weights.",
-    no_args_is_help=True,
+account_app = command_group(
+    "account",
+    "Accounts' quotas (cpu_millis, memory_mb, max pending jobs), priority caps and fair-share weights.",
 )
-app.add_typer(account_app, name="account")
 
 
 @account_app.command("set")

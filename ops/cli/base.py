@@ -24,7 +24,7 @@ from ops.cli import params
 from ops.cli.common import EXIT_INVALID
 from runtime.errors import InvalidArgument
 
-__all__ = ["StockadeGroup", "app", "bench_app", "usage_line"]
+__all__ = ["StockadeGroup", "app", "bench_app", "command_group", "usage_line"]
 
 params.install()
 
@@ -127,7 +127,12 @@ def _main(
     running a job twice."""
 
 
-bench_app = typer.Typer(
-    cls=StockadeGroup, help="Benchmarks that print measured numbers.", no_args_is_help=True
-)
-app.add_typer(bench_app, name="bench")
+def command_group(name: str, help: str) -> typer.Typer:
+    """The group ``stockade <name>`` of commands, added to :data:`app`: its refusals are said as
+    every refusal of ``stockade`` is, and its help is printed when no command is given."""
+    group = typer.Typer(cls=StockadeGroup, help=help, no_args_is_help=True)
+    app.add_typer(group, name=name)
+    return group
+
+
+bench_app = command_group("bench", "Benchmarks that print measured numbers.")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -30,6 +31,9 @@ JsonOnlyPathOption = Annotated[
         help="Where the results go as JSON (default: bench-<name>.json in the current folder).",
     ),
 ]
+
+SettingsT = TypeVar("SettingsT")
+ReportT = TypeVar("ReportT")
 
 
 def _state_dir_option(what: str, name: str) -> Any:
@@ -190,11 +194,7 @@ def bench_pack(
         docker=docker,
         heartbeat_interval_s=heartbeat_interval_s,
     )
-    with interruptible(), errors():
-        report = pack.run_pack(
-            settings, state_dir or (default_state_dir() / "bench-pack"), err_console().print
-        )
-    _show_and_save(pack, report, out)
+    _show_and_save(pack, _run_bench("pack", pack.run_pack, settings, state_dir), out)
 
 
 @bench_app.command("fair-share")
@@ -222,10 +222,7 @@ def bench_fair_share(
         alone_jobs=alone_jobs,
     )
     out = _json_out(json_path, "fair-share")
-    with interruptible(), errors():
-        report = fair_share.run_fair_share(
-            settings, state_dir or (default_state_dir() / "bench-fair-share"), err_console().print
-        )
+    report = _run_bench("fair-share", fair_share.run_fair_share, settings, state_dir)
     _show_text_and_json(fair_share.render(report), report, out)
 
 
@@ -249,10 +246,7 @@ def bench_preemption(
         tries=tries, workers=workers, grace_s=grace_s, ignore_term=ignore_term
     )
     out = _json_out(json_path, "preemption")
-    with interruptible(), errors():
-        report = preemption.run_preemption_bench(
-            settings, state_dir or (default_state_dir() / "bench-preemption"), err_console().print
-        )
+    report = _run_bench("preemption", preemption.run_preemption_bench, settings, state_dir)
     _show_text_and_json(preemption.render(report), report, out)
 
 
@@ -383,6 +377,20 @@ def bench_scale(
     with interruptible(), errors():
         report = trio.run(scale.run_scale, settings, root, err_console().print)
     _show_and_save(scale_report, report, out)
+
+
+def _run_bench(
+    name: str,
+    run: Callable[[SettingsT, Path, Callable[[str], None]], ReportT],
+    settings: SettingsT,
+    state_dir: Path | None,
+) -> ReportT:
+    """Run ``stockade bench <name>``'s ``run`` with ``settings`` in ``state_dir`` (default:
+    bench-<name> in the state folder), its progress on stderr; Ctrl-C and Stockade's errors end
+    the command as :func:`interruptible` and :func:`errors` say."""
+    with interruptible(), errors():
+        report = run(settings, state_dir or (default_state_dir() / f"bench-{name}"), err_console().print)
+    return report
 
 
 def _json_out(json_path: Path | None, name: str) -> Path:

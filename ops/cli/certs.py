@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ops.cli.base import StockadeGroup, app
+from ops.cli.base import command_group
 from ops.cli.common import EXIT_INVALID, EXIT_UNAVAILABLE, fail, shown_path
 from ops.config import default_state_dir
 from runtime.errors import InvalidArgument
@@ -19,12 +19,10 @@ from runtime.errors import InvalidArgument
 if TYPE_CHECKING:
     from ops.certs import IssuedCert
 
-certs_app = typer.Typer(
-    cls=StockadeGroup,
-    help="The cluster CA and the certificates it issues (mutual TLS between every process).",
-    no_args_is_help=True,
+certs_app = command_group(
+    "certs",
+    "The cluster CA and the certificates it issues (mutual TLS between every process).",
 )
-app.add_typer(certs_app, name="certs")
 
 DirOption = Annotated[
     Path | None,

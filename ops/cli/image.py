@@ -11,15 +11,13 @@ from typing import Annotated
 import attrs
 import typer
 
-from ops.cli.base import StockadeGroup, app
+from ops.cli.base import command_group
 from ops.cli.common import EXIT_UNAVAILABLE, fail
 
-image_app = typer.Typer(
-    cls=StockadeGroup,
-    help="The Stockade image (PostgreSQL, control planes and agents), built offline.",
-    no_args_is_help=True,
+image_app = command_group(
+    "image",
+    "The Stockade image (PostgreSQL, control planes and agents), built offline.",
 )
-app.add_typer(image_app, name="image")
 
 
 @image_app.command("build")

@@ -42,6 +42,9 @@ from ops.config import (
 
 if TYPE_CHECKING:
     from ops.cluster import ClusterDriver
+    from protocol import pb
+
+WaitTimeoutOption = Annotated[float, typer.Option(min=0, help="How long --wait waits, seconds.")]
 
 
 @app.command("up")
@@ -382,20 +385,28 @@ def down() -> None:
         console().print(f"removed it from {forgotten}")
 
 
+def _recorded_cluster_now(control_planes: str | None) -> tuple[ClusterDriver, list[str], pb.StatusReply]:
+    """The local cluster recorded in cluster.json, its control planes' addresses (``--control-planes``
+    first) and its status now: what ``kill-leader`` and ``kill-worker`` pick their victim from."""
+    from ops import rpc
+    from ops.cluster import cluster_at
+
+    cluster = cluster_at(recorded_local_state())
+    addresses = control_plane_addresses(control_planes)
+    return cluster, addresses, rpc.status(addresses, tls=client_tls())
+
+
 @app.command("kill-leader")
 def kill_leader(
     control_planes: ControlPlanesOption = None,
     wait: Annotated[bool, typer.Option(help="Wait for a new leader and print how long it took.")] = False,
-    timeout_s: Annotated[float, typer.Option(min=0, help="How long --wait waits, seconds.")] = 30.0,
+    timeout_s: WaitTimeoutOption = 30.0,
 ) -> None:
     """SIGKILL the current leader's process (a local cluster's; found through cluster.json)."""
     from ops import faults, rpc
-    from ops.cluster import cluster_at
 
     with errors():
-        cluster = cluster_at(recorded_local_state())
-        addresses = control_plane_addresses(control_planes)
-        status = rpc.status(addresses, tls=client_tls())
+        cluster, addresses, status = _recorded_cluster_now(control_planes)
         if not status.leader:
             fail(f"there is no leader right now (last epoch {status.epoch})")
         since = time.monotonic()
@@ -418,16 +429,13 @@ def kill_worker(
     wait: Annotated[
         bool, typer.Option(help="Wait until its jobs run on other workers and print how long it took.")
     ] = False,
-    timeout_s: Annotated[float, typer.Option(min=0, help="How long --wait waits, seconds.")] = 60.0,
+    timeout_s: WaitTimeoutOption = 60.0,
 ) -> None:
     """SIGKILL the busiest live worker (most CPU allocated) of the local cluster."""
     from ops import faults, rpc
-    from ops.cluster import cluster_at
 
     with errors():
-        cluster = cluster_at(recorded_local_state())
-        addresses = control_plane_addresses(control_planes)
-        status = rpc.status(addresses, tls=client_tls())
+        cluster, addresses, status = _recorded_cluster_now(control_planes)
         config = cluster.config()
         victim = faults.busiest_worker(status, cluster.pids(config))
         if victim is None:

@@ -103,30 +103,35 @@ def _worker_call(what: str, worker_id: str, key: str | None, control_planes: str
     console().print(_reply_line(reply), markup=False, soft_wrap=True)
 
 
-@app.command("cordon")
-def cordon(
-    worker_id: WorkerIdArgument,
-    idempotency_key: IdempotencyKeyOption = None,
-    control_planes: ControlPlanesOption = None,
-) -> None:
+def _schedule_command(what: str, help_text: str) -> None:
+    """Add ``stockade <what> WORKER_ID``, one call of the client's method ``what``; its help
+    ``help_text``."""
+
+    def command(
+        worker_id: WorkerIdArgument,
+        idempotency_key: IdempotencyKeyOption = None,
+        control_planes: ControlPlanesOption = None,
+    ) -> None:
+        _worker_call(what, worker_id, idempotency_key, control_planes)
+
+    command.__doc__ = help_text
+    app.command(what)(command)
+
+
+_schedule_command(
+    "cordon",
     """Cordon a worker: nothing new is placed on it; its running jobs go on.
 
     The cordon belongs to the worker id: it outlasts the agent's restart and re-registration,
     until `stockade uncordon`. An unknown worker id exits 2.
-    """
-    _worker_call("cordon", worker_id, idempotency_key, control_planes)
-
-
-@app.command("uncordon")
-def uncordon(
-    worker_id: WorkerIdArgument,
-    idempotency_key: IdempotencyKeyOption = None,
-    control_planes: ControlPlanesOption = None,
-) -> None:
+    """,
+)
+_schedule_command(
+    "uncordon",
     """Uncordon a worker: it takes placements again; a drain of it ends (what the drain stopped
     stays placed elsewhere), and so does a mark of it as unhealthy (`status` shows why a worker
-    is unhealthy; its runs until now are not judged again)."""
-    _worker_call("uncordon", worker_id, idempotency_key, control_planes)
+    is unhealthy; its runs until now are not judged again).""",
+)
 
 
 async def _drain(

@@ -9,27 +9,60 @@ Arguments, results and errors are those of :class:`Client`; a cancel of the awai
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ops.client.core import Client
-from ops.client.results import (
-    Account,
-    AuditEntry,
-    CancelOutcome,
-    ClusterStatus,
-    Job,
-    JobHistory,
-    LogChunk,
-    WorkerSchedule,
-)
+from ops.client.results import LogChunk
 from ops.client.settings import ClientSettings
 from ops.client.streams import ChunkStream, LogStream
 from runtime.aio.guest import TrioPortal, open_portal
-from runtime.jobs import JobSpec
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def _named_after(mirror: Callable[..., Any], method: Callable[..., Any], doc: str) -> None:
+    """Give ``mirror`` the name of :class:`Client`'s ``method``, its signature (for
+    :func:`inspect.signature`, through ``__wrapped__``) and the docstring ``doc``."""
+    functools.update_wrapper(mirror, method)
+    mirror.__module__ = __name__
+    mirror.__qualname__ = f"AsyncioClient.{method.__name__}"
+    mirror.__doc__ = doc
+
+
+def _mirrored(
+    method: Callable[Concatenate[Client, P], Awaitable[T]], summary: str
+) -> Callable[Concatenate[AsyncioClient, P], Coroutine[Any, Any, T]]:
+    """:class:`AsyncioClient`'s method for :class:`Client`'s coroutine ``method``: the same
+    arguments, result and errors, the call run in the trio guest run; its docstring ``summary``
+    and a pointer to ``method``'s."""
+
+    async def mirror(self: AsyncioClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._portal.run(functools.partial(method, self._client, *args, **kwargs))
+
+    name = method.__name__
+    raises = f"Raises:\n    the errors of :meth:`Client.{name}`.\n"
+    _named_after(mirror, method, f"{summary} As :meth:`Client.{name}`.\n\n{raises}")
+    return mirror
+
+
+def _mirrored_logs(
+    method: Callable[Concatenate[Client, P], LogStream],
+) -> Callable[Concatenate[AsyncioClient, P], AsyncioLogStream]:
+    """:meth:`AsyncioClient.logs` for :meth:`Client.logs`: the same arguments and errors (a bad
+    argument raises InvalidArgument at once), its stream read through the portal."""
+
+    def logs(self: AsyncioClient, /, *args: P.args, **kwargs: P.kwargs) -> AsyncioLogStream:
+        return AsyncioLogStream(self._portal, method(self._client, *args, **kwargs))
+
+    doc = (
+        "A job's output as an async iterator of :class:`LogChunk`. As :meth:`Client.logs`,\n"
+        "errors included (a bad argument raises InvalidArgument at once)."
+    )
+    _named_after(logs, method, doc)
+    return logs
 
 
 class AsyncioClient:
@@ -75,190 +108,28 @@ class AsyncioClient:
         """The ``host:port`` of the control plane that answered last (asked first next)."""
         return self._client.last_answered
 
-    async def _run(self, call: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        return await self._portal.run(functools.partial(call, *args, **kwargs))
-
-    async def submit(self, spec: JobSpec, *, idempotency_key: str | None = None) -> int:
-        """Submit one job (or an array); return its id. As :meth:`Client.submit`.
-
-        Raises:
-            the errors of :meth:`Client.submit`.
-        """
-        return await self._run(self._client.submit, spec, idempotency_key=idempotency_key)
-
-    async def submit_many(
-        self, specs: Sequence[JobSpec], *, idempotency_key: str | None = None
-    ) -> tuple[int, ...]:
-        """Submit up to 10,000 jobs, all or none; their ids in order. As :meth:`Client.submit_many`.
-
-        Raises:
-            the errors of :meth:`Client.submit_many`.
-        """
-        return await self._run(self._client.submit_many, specs, idempotency_key=idempotency_key)
-
-    async def get(self, job_id: int) -> Job:
-        """The job ``job_id`` now. As :meth:`Client.get`.
-
-        Raises:
-            the errors of :meth:`Client.get`.
-        """
-        return await self._run(self._client.get, job_id)
-
-    async def events(self, job_id: int) -> JobHistory:
-        """The job's history, oldest first. As :meth:`Client.events`.
-
-        Raises:
-            the errors of :meth:`Client.events`.
-        """
-        return await self._run(self._client.events, job_id)
-
-    async def wait(self, job_id: int, *, timeout_s: float | None = None) -> Job:
-        """Wait until the job has ended and return it. As :meth:`Client.wait`; ``asyncio.timeout``
-        around it works too.
-
-        Raises:
-            the errors of :meth:`Client.wait`.
-        """
-        return await self._run(self._client.wait, job_id, timeout_s=timeout_s)
-
-    async def cancel(
-        self, job_id: int, *, only_this_task: bool = False, idempotency_key: str | None = None
-    ) -> CancelOutcome:
-        """Cancel a job (or every task of an array). As :meth:`Client.cancel`.
-
-        Raises:
-            the errors of :meth:`Client.cancel`.
-        """
-        return await self._run(
-            self._client.cancel, job_id, only_this_task=only_this_task, idempotency_key=idempotency_key
-        )
-
-    async def list(
-        self, *, state: str | None = None, limit: int = 100, account: str | None = None
-    ) -> tuple[Job, ...]:
-        """The newest jobs, newest first (at most ``limit``, 0: 100). As :meth:`Client.list`.
-
-        Raises:
-            the errors of :meth:`Client.list`.
-        """
-        return await self._run(self._client.list, state=state, limit=limit, account=account)
-
-    async def audit(
-        self,
-        *,
-        account: str | None = None,
-        action: str | None = None,
-        since_s: float | None = None,
-        limit: int = 100,
-    ) -> tuple[AuditEntry, ...]:
-        """The audit trail, newest first. As :meth:`Client.audit`.
-
-        Raises:
-            the errors of :meth:`Client.audit`.
-        """
-        return await self._run(
-            self._client.audit, account=account, action=action, since_s=since_s, limit=limit
-        )
-
-    async def set_account(
-        self,
-        name: str,
-        *,
-        cpu_millis: int | None = None,
-        memory_mb: int | None = None,
-        max_pending: int | None = None,
-        max_priority: int | None = None,
-        weight: float | None = None,
-        clear: Sequence[str] = (),
-        idempotency_key: str | None = None,
-    ) -> Account:
-        """Set an account's quotas, priority cap and weight. As :meth:`Client.set_account`.
-
-        Raises:
-            the errors of :meth:`Client.set_account`.
-        """
-        return await self._run(
-            self._client.set_account,
-            name,
-            cpu_millis=cpu_millis,
-            memory_mb=memory_mb,
-            max_pending=max_pending,
-            max_priority=max_priority,
-            weight=weight,
-            clear=clear,
-            idempotency_key=idempotency_key,
-        )
-
-    async def account(self, name: str) -> Account:
-        """An account's quotas, weight and use. As :meth:`Client.account`.
-
-        Raises:
-            the errors of :meth:`Client.account`.
-        """
-        return await self._run(self._client.account, name)
-
-    async def accounts(self) -> tuple[Account, ...]:
-        """Every account with quotas or queued or in-use jobs. As :meth:`Client.accounts`.
-
-        Raises:
-            the errors of :meth:`Client.accounts`.
-        """
-        return await self._run(self._client.accounts)
-
-    async def status(self) -> ClusterStatus:
-        """The cluster at a glance. As :meth:`Client.status`.
-
-        Raises:
-            the errors of :meth:`Client.status`.
-        """
-        return await self._run(self._client.status)
-
-    def logs(
-        self,
-        job_id: int,
-        *,
-        stream: str = "stdout",
-        follow: bool = False,
-        tail_lines: int | None = None,
-        tail_max_bytes: int | None = None,
-    ) -> AsyncioLogStream:
-        """A job's output as an async iterator of :class:`LogChunk`. As :meth:`Client.logs`,
-        errors included (a bad argument raises InvalidArgument at once)."""
-        return AsyncioLogStream(
-            self._portal,
-            self._client.logs(
-                job_id, stream=stream, follow=follow, tail_lines=tail_lines, tail_max_bytes=tail_max_bytes
-            ),
-        )
-
-    async def cordon(self, worker_id: str, *, idempotency_key: str | None = None) -> WorkerSchedule:
-        """Cordon a worker. As :meth:`Client.cordon`.
-
-        Raises:
-            the errors of :meth:`Client.cordon`.
-        """
-        return await self._run(self._client.cordon, worker_id, idempotency_key=idempotency_key)
-
-    async def uncordon(self, worker_id: str, *, idempotency_key: str | None = None) -> WorkerSchedule:
-        """Uncordon a worker. As :meth:`Client.uncordon`.
-
-        Raises:
-            the errors of :meth:`Client.cordon`.
-        """
-        return await self._run(self._client.uncordon, worker_id, idempotency_key=idempotency_key)
-
-    async def drain(
-        self, worker_id: str, *, deadline_s: float | None = None, idempotency_key: str | None = None
-    ) -> WorkerSchedule:
-        """Drain a worker (its jobs stopped and placed elsewhere after ``deadline_s`` seconds,
-        None: never). As :meth:`Client.drain`.
-
-        Raises:
-            the errors of :meth:`Client.drain`.
-        """
-        return await self._run(
-            self._client.drain, worker_id, deadline_s=deadline_s, idempotency_key=idempotency_key
-        )
+    submit = _mirrored(Client.submit, "Submit one job (or an array); return its id.")
+    submit_many = _mirrored(Client.submit_many, "Submit up to 10,000 jobs, all or none; their ids in order.")
+    get = _mirrored(Client.get, "The job ``job_id`` now.")
+    events = _mirrored(Client.events, "The job's history, oldest first.")
+    wait = _mirrored(
+        Client.wait,
+        "Wait until the job has ended and return it (``asyncio.timeout`` around it works too).",
+    )
+    cancel = _mirrored(Client.cancel, "Cancel a job (or every task of an array).")
+    list = _mirrored(Client.list, "The newest jobs, newest first (at most ``limit``, 0: 100).")
+    audit = _mirrored(Client.audit, "The audit trail, newest first.")
+    set_account = _mirrored(Client.set_account, "Set an account's quotas, priority cap and weight.")
+    account = _mirrored(Client.account, "An account's quotas, weight and use.")
+    accounts = _mirrored(Client.accounts, "Every account with quotas or queued or in-use jobs.")
+    status = _mirrored(Client.status, "The cluster at a glance.")
+    logs = _mirrored_logs(Client.logs)
+    cordon = _mirrored(Client.cordon, "Cordon a worker.")
+    uncordon = _mirrored(Client.uncordon, "Uncordon a worker.")
+    drain = _mirrored(
+        Client.drain,
+        "Drain a worker (its jobs stopped and placed elsewhere after ``deadline_s`` seconds, None: never).",
+    )
 
 
 class AsyncioLogStream(ChunkStream):

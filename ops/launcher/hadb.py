@@ -47,6 +47,7 @@ from ops.launcher.pg_tools import postgres_bin_path
 from ops.launcher.pg_user import ensure_install_readable, flocked, server_user, socket_dir
 from ops.launcher.ports import free_port
 from ops.launcher.state import LISTEN_HOST, open_log
+from ops.paths import PathBelow
 from runtime.os_users import RunAs, chown, ensure_traversable
 from runtime.text import tail_lines
 
@@ -96,15 +97,10 @@ class HaPostgres:
             raise HaDatabaseError(f"no HA database under {ha.root}: {ha.layout_path} does not exist")
         return ha
 
-    @property
-    def layout_path(self) -> Path:
-        """``hadb.json``: the ports, member names and settings."""
-        return self.root / "hadb.json"
-
-    @property
-    def password_file(self) -> Path:
-        """The clients' pgpass file (mode 0600) that :meth:`url` names."""
-        return self.root / "pgpass"
+    layout_path = PathBelow("root", "hadb.json")
+    """``hadb.json``: the ports, member names and settings."""
+    password_file = PathBelow("root", "pgpass")
+    """The clients' pgpass file (mode 0600) that :meth:`url` names."""
 
     def _member_dir(self, name: str) -> Path:
         return self.root / name

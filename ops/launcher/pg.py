@@ -35,6 +35,7 @@ from ops.launcher.pg_tools import (
 from ops.launcher.pg_user import ensure_install_readable, flocked, server_user, socket_dir
 from ops.launcher.ports import free_port
 from ops.launcher.state import LISTEN_HOST
+from ops.paths import PathBelow
 from runtime.os_users import RunAs, chown, ensure_traversable
 from runtime.priority import DEFAULT_NICE, renice_server
 from runtime.text import tail_lines
@@ -121,26 +122,12 @@ class EmbeddedPostgres:
         if not 1 <= value <= 65535:
             raise ValueError(f"port must be in 1..65535, got {value}")
 
-    @property
-    def pgdata(self) -> Path:
-        return self.data_dir / "data"
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / "postgres.log"
-
-    @property
-    def password_file(self) -> Path:
-        """libpq's pgpass format, mode 0600."""
-        return self.data_dir / "pgpass"
-
-    @property
-    def tls_cert_path(self) -> Path:
-        return self.data_dir / "server.crt"
-
-    @property
-    def tls_key_path(self) -> Path:
-        return self.data_dir / "server.key"
+    pgdata = PathBelow("data_dir", "data")
+    log_path = PathBelow("data_dir", "postgres.log")
+    password_file = PathBelow("data_dir", "pgpass")
+    """libpq's pgpass format, mode 0600."""
+    tls_cert_path = PathBelow("data_dir", "server.crt")
+    tls_key_path = PathBelow("data_dir", "server.key")
 
     @property
     def socket_dir(self) -> Path:

@@ -20,6 +20,7 @@ from typing import IO, Any, TypeVar
 import attrs
 
 from ops.config import STATE_DIR_ENV, ClusterError, read_cluster_file
+from ops.paths import PathBelow
 from runtime.tls import TlsFiles
 
 __all__ = [
@@ -368,29 +369,16 @@ class StateDir:
 
     root: Path = attrs.field(converter=lambda p: Path(p).absolute())
 
-    @property
-    def config_path(self) -> Path:
-        return self.root / "cluster.json"
-
-    @property
-    def cert_dir(self) -> Path:
-        return self.root / "certs"
-
-    @property
-    def pg_dir(self) -> Path:
-        return self.root / "pg"
-
-    @property
-    def hadb_dir(self) -> Path:
-        return self.root / "hadb"
+    config_path = PathBelow("root", "cluster.json")
+    cert_dir = PathBelow("root", "certs")
+    pg_dir = PathBelow("root", "pg")
+    hadb_dir = PathBelow("root", "hadb")
 
     def log_path(self, process_id: str) -> Path:
         return self.root / "logs" / f"{process_id}.log"
 
-    @property
-    def events_path(self) -> Path:
-        """The fault record (``events.jsonl``) the checker reads: kills, freezes, partitions."""
-        return self.root / "events.jsonl"
+    events_path = PathBelow("root", "events.jsonl")
+    """The fault record (``events.jsonl``) the checker reads: kills, freezes, partitions."""
 
     def record_fault(self, kind: str, target: str, at: float, until: float | None = None) -> None:
         """Append one fault (``kind`` of :data:`ops.checker.FAULT_KINDS`; Unix seconds) to

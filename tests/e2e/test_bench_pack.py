@@ -46,7 +46,7 @@ async def test_the_packing_benchmark_smoke_run_is_correct() -> None:
     assert result.jobs_finished == 300 and result.unfinished_job_ids == ()
     assert (result.double_placements, result.double_runs) == (0, 0)
     assert result.overcommitted_workers == ()
-    assert result.rounds > 0 and result.placements == 300
+    assert result.placer.rounds > 0 and result.placer.placements == 300
     assert result.cpu_use_waiting is not None and 0 < result.cpu_use_waiting <= 1
     assert result.cpu_use_pending is not None and 0 < result.cpu_use_pending <= 1
     probes = result.probes
@@ -70,4 +70,4 @@ async def test_the_arriving_scenario_smoke_run_is_correct() -> None:
     assert result.jobs_finished == 150 and result.unfinished_job_ids == ()
     assert (result.double_placements, result.double_runs) == (0, 0)
     assert result.overcommitted_workers == ()
-    assert result.placements == 150
+    assert result.placer.placements == 150

@@ -14,18 +14,14 @@ import trio.testing
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ops.bench.pack import (
-    WORKER_SHAPES,
     PhaseFigures,
     WaitFigures,
-    arrival_times,
     histogram_quantile,
-    job_stream,
-    lower_bound_s,
     overcommitted_workers,
     placer_figures,
-    submit_arriving,
     wait_figures,
 )
+from ops.bench.pack.stream import WORKER_SHAPES, arrival_times, job_stream, lower_bound_s, submit_arriving
 from ops.checker import Run
 
 

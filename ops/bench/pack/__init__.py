@@ -25,19 +25,10 @@ from ops.bench.pack.report import (
     save,
 )
 from ops.bench.pack.scenarios import run_pack, run_policy, run_scale_point
-from ops.bench.pack.stream import (
-    POLICIES,
-    WORKER_SHAPES,
-    PackSettings,
-    arrival_times,
-    job_stream,
-    lower_bound_s,
-    submit_arriving,
-)
+from ops.bench.pack.stream import POLICIES, PackSettings
 
 __all__ = [
     "POLICIES",
-    "WORKER_SHAPES",
     "BurstResult",
     "PackReport",
     "PackSettings",
@@ -48,10 +39,7 @@ __all__ = [
     "ScalePoint",
     "Scenario",
     "WaitFigures",
-    "arrival_times",
     "histogram_quantile",
-    "job_stream",
-    "lower_bound_s",
     "overcommitted_workers",
     "placer_figures",
     "plot",
@@ -60,6 +48,5 @@ __all__ = [
     "run_policy",
     "run_scale_point",
     "save",
-    "submit_arriving",
     "wait_figures",
 ]

@@ -58,14 +58,6 @@ class PolicyResult:
     """Workers in containers: the memory each agent's container used at the end of the run
     (the cgroup's usage less its page cache), MiB: (min, median, max); None otherwise."""
 
-    @property
-    def rounds(self) -> int:
-        return self.placer.rounds
-
-    @property
-    def placements(self) -> int:
-        return self.placer.placements
-
     def failed(self, jobs: int) -> bool:
         """Whether the run broke a rule: a job placed or run twice, a worker over-committed, a
         job of the ``jobs`` unfinished, or a disturbance."""

@@ -17,7 +17,7 @@ import attrs
 import trio
 
 from ops import checker
-from ops.bench import heartbeat_flags
+from ops.bench import heartbeat_flags, operator_client
 from ops.bench.pack.figures import (
     PlacerFigures,
     overcommitted_workers,
@@ -301,24 +301,20 @@ async def run_burst(settings: PackSettings, root: Path, progress: Callable[[str]
             )
             for i in range(settings.burst_jobs)
         ]
-        async with asyncio_bridge():
-            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=5.0, tls=config.client_tls)
-            try:
-                submitted_at = time.time()
-                await _submit(client, specs)
-                started: dict[int, float] = {}
-                with trio.move_on_after(300):
-                    while len(started) < settings.burst_jobs:
-                        await trio.sleep(0.5)
-                        for worker in config.workers:
-                            log_path = cluster.state.work_dir(worker.id) / "agent.jsonl"
-                            if log_path.exists():
-                                for record in read_jsonl(log_path):
-                                    if record.get("event") == "start":
-                                        started.setdefault(int(record["job_id"]), float(record["time"]))
-                        progress(f"burst: {len(started)} of {settings.burst_jobs} started")
-            finally:
-                client.close()
+        async with asyncio_bridge(), operator_client(config, timeout_s=5.0) as client:
+            submitted_at = time.time()
+            await _submit(client, specs)
+            started: dict[int, float] = {}
+            with trio.move_on_after(300):
+                while len(started) < settings.burst_jobs:
+                    await trio.sleep(0.5)
+                    for worker in config.workers:
+                        log_path = cluster.state.work_dir(worker.id) / "agent.jsonl"
+                        if log_path.exists():
+                            for record in read_jsonl(log_path):
+                                if record.get("event") == "start":
+                                    started.setdefault(int(record["job_id"]), float(record["time"]))
+                    progress(f"burst: {len(started)} of {settings.burst_jobs} started")
     finally:
         await trio.to_thread.run_sync(cluster.down)
     elapsed = max(started.values()) - submitted_at if len(started) >= settings.burst_jobs else None
