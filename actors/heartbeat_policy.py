@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from typing import TypedDict
 
 import attrs
 
@@ -43,6 +44,15 @@ OUTLIER_WAITS = 3
 """The waits of this many workers, those that waited longest, never set a replica's percentile:
 a frozen, cut-off or starved worker reports long waits of its own making, and in a small
 cluster the 99th percentile is the largest."""
+
+
+class Measured(TypedDict):
+    """What the rule is given of the cluster (:func:`choose_policy`'s arguments of the same names)."""
+
+    workers: int
+    costs_us: Sequence[float]
+    waits_ms: Sequence[float]
+    replicas: int
 
 
 @attrs.frozen(kw_only=True)

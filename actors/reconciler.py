@@ -24,6 +24,7 @@ from actors.health import judge_health
 from actors.heartbeat_policy import (
     HeartbeatPolicy,
     LongestWithin,
+    Measured,
     choose_policy,
     default_policy,
     wanted_interval_ms,
@@ -317,19 +318,11 @@ class Reconciler(FencedWrites):
         inputs = await self.store.heartbeat_policy_inputs(POLICY_COSTS_SEEN_WITHIN_S)
         # No policy row: the control planes tell their defaults, which is what is in force.
         current = inputs.current or default_policy(s)
-        costs, waits, replicas = inputs.costs_us, inputs.waits_ms, inputs.replicas
-        wanted_ms = wanted_interval_ms(
-            workers=workers, costs_us=costs, waits_ms=waits, replicas=replicas, settings=s
-        )
-        chosen = choose_policy(
-            workers=workers,
-            costs_us=costs,
-            waits_ms=waits,
-            replicas=replicas,
-            current=current,
-            settings=s,
-            floor_ms=0 if wanted_ms is None else self._wanted_intervals.add(trio.current_time(), wanted_ms),
-        )
+        costs, waits = inputs.costs_us, inputs.waits_ms
+        measured = Measured(workers=workers, costs_us=costs, waits_ms=waits, replicas=inputs.replicas)
+        wanted_ms = wanted_interval_ms(**measured, settings=s)
+        floor_ms = 0 if wanted_ms is None else self._wanted_intervals.add(trio.current_time(), wanted_ms)
+        chosen = choose_policy(**measured, current=current, settings=s, floor_ms=floor_ms)
         if chosen is current:
             self._interval_s = current.interval_ms / 1000
             return None
