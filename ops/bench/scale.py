@@ -3,7 +3,8 @@
 For each worker count N, on a fresh cluster (3 control planes, embedded PostgreSQL with
 ``pg_stat_statements``): N workers (:mod:`ops.bench.loadgen`, or real agents with
 ``--real-agents``) hold sleep jobs while ``pending_jobs`` more wait (topped up every second);
-after a warm-up one window of ``duration_s`` is measured from outside the control plane. Early
+after a warm-up (the jobs running, and the heartbeat interval unchanged for :data:`SETTLED_S`)
+one window of ``duration_s`` is measured from outside the control plane. Early
 in it a few workers holding long jobs are killed and their jobs timed, by database time, to
 their new assignments confirmed running. The figures: :class:`ops.bench.scale_report.ScalePoint`.
 """
@@ -24,7 +25,7 @@ import attr
 import attrs
 import trio
 
-from actors.heartbeat_policy import HeartbeatPolicy, default_policy
+from actors.heartbeat_policy import SHRINK_AFTER_S, HeartbeatPolicy, default_policy
 from ops.bench import heartbeat_flags
 from ops.bench.measure_heartbeat import table_update_counts
 from ops.bench.metrics import MetricsDelta, cpu_seconds, cpu_used, per_1000, read_metrics
@@ -53,6 +54,9 @@ LONG_JOB_MS = 3_600_000
 LONG_PRIORITY = 10
 """Long jobs go before the queue, so a killed worker's jobs are placed again first."""
 WARM_UP_TIMEOUT_S = 120.0
+SETTLED_S = SHRINK_AFTER_S + 5.0
+"""The warm-up ends once the interval has not changed for this long (s), or after
+:data:`WARM_UP_TIMEOUT_S`: a new interval is taken within the stabilization window and a pass."""
 RECOVERY_TIMEOUT_S = 60.0
 """How long after the window the killed workers' jobs are waited for."""
 
@@ -111,6 +115,10 @@ CONFIRMED = "SELECT count(*) FROM assignments WHERE state = 'active' AND confirm
 NOW = "SELECT extract(epoch FROM now())::float8"
 POLICY = "SELECT interval_ms, dead_after_ms FROM heartbeat_policy"
 """The heartbeat interval and dead_after the leader chose (no row: the control planes' defaults)."""
+POLICY_AGE = """
+SELECT coalesce(extract(epoch FROM now() - max(decided_at)), 0)::float8 FROM heartbeat_policy
+"""
+"""Seconds since the leader last chose an interval (0: it has not)."""
 STATEMENTS = """
 SELECT coalesce(sum(total_exec_time), 0)::float8, coalesce(sum(calls), 0)::float8
   FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
@@ -332,6 +340,12 @@ class _Step:
                 with trio.move_on_after(WARM_UP_TIMEOUT_S):
                     while await db.fetchval(CONFIRMED) < 1.5 * self.workers:  # noqa: ASYNC110 (polls the database)
                         await trio.sleep(0.5)
+                # The window measures a cluster that has run a while: the interval chosen from a
+                # start's costs (registrations, first connections) is held for SHRINK_AFTER_S.
+                self.progress(f"{self.workers} workers: waiting for the heartbeat interval to settle")
+                with trio.move_on_after(WARM_UP_TIMEOUT_S):
+                    while await db.fetchval(POLICY_AGE) < SETTLED_S:  # noqa: ASYNC110 (polls the database)
+                        await trio.sleep(1.0)
                 await trio.sleep(3 * await self._interval_s(db))
                 return await self._window(db, client, config, cp_metrics, agent_metrics, rng, submitted, mode)
             finally:
