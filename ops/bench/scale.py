@@ -99,6 +99,8 @@ class ScaleSettings:
     """Most workers per fleet with real agents (a step has at least four fleets)."""
     insecure: bool = False
     seed: int = 1
+    settle_s: float = SETTLED_S
+    """The warm-up waits until the heartbeat interval has not changed for this long (s)."""
 
     def to_json(self) -> dict[str, Any]:
         return attr.asdict(self, retain_collection_types=False)
@@ -116,9 +118,9 @@ NOW = "SELECT extract(epoch FROM now())::float8"
 POLICY = "SELECT interval_ms, dead_after_ms FROM heartbeat_policy"
 """The heartbeat interval and dead_after the leader chose (no row: the control planes' defaults)."""
 POLICY_AGE = """
-SELECT coalesce(extract(epoch FROM now() - max(decided_at)), 0)::float8 FROM heartbeat_policy
+SELECT coalesce(extract(epoch FROM now() - max(decided_at))::float8, 'Infinity') FROM heartbeat_policy
 """
-"""Seconds since the leader last chose an interval (0: it has not)."""
+"""Seconds since the leader last chose an interval (infinite: it has not; the defaults hold)."""
 STATEMENTS = """
 SELECT coalesce(sum(total_exec_time), 0)::float8, coalesce(sum(calls), 0)::float8
   FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
@@ -344,7 +346,7 @@ class _Step:
                 # start's costs (registrations, first connections) is held for SHRINK_AFTER_S.
                 self.progress(f"{self.workers} workers: waiting for the heartbeat interval to settle")
                 with trio.move_on_after(WARM_UP_TIMEOUT_S):
-                    while await db.fetchval(POLICY_AGE) < SETTLED_S:  # noqa: ASYNC110 (polls the database)
+                    while await db.fetchval(POLICY_AGE) < settings.settle_s:  # noqa: ASYNC110 (polls the database)
                         await trio.sleep(1.0)
                 await trio.sleep(3 * await self._interval_s(db))
                 return await self._window(db, client, config, cp_metrics, agent_metrics, rng, submitted, mode)

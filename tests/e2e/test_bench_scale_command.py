@@ -33,7 +33,7 @@ def _ours(root: Path) -> list[psutil.Process]:
 
 async def test_a_tiny_scale_run_reports_every_field_and_stops_everything(tmp_path: Path) -> None:
     """One killed worker's two jobs are timed until they run elsewhere; no false death."""
-    settings = ScaleSettings(workers=(10,), duration_s=8.0, pending_jobs=100, kills=1)
+    settings = ScaleSettings(workers=(10,), duration_s=8.0, pending_jobs=100, kills=1, settle_s=0.0)
     # The database's files live outside pytest's basetemp, which another pytest session may
     # close (0700) under the server's user (tests/conftest.py, pg_admin_url).
     root = Path(tempfile.mkdtemp(prefix="stockade-bench-scale-"))
