@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 import trio
+from trio.lowlevel import RunVar
 
 from agent import uid_cleanup
 from agent.work_folder import write_private
@@ -40,6 +41,10 @@ batch (:class:`_Batch`)."""
 BLOCK_RECORD = "uid-block"
 """In the worker's work folder: the block its agent claimed, ``FIRST-LAST``, claimed again
 first by the next agent process there (so that jobs it takes over keep their uids)."""
+_START_SWEEPS: RunVar[trio.CapacityLimiter] = RunVar("stockade_start_sweeps")
+"""The one thread the start sweeps of a process's workers take, one after another (a fleet's
+workers start at once; each sweep walks the temp folders, and side by side they only slow
+each other and the fleet's registrations)."""
 
 
 class NoUidBlock(PermanentError):
@@ -250,6 +255,8 @@ class JobIdentities:
     """The threads the clean-ups of this worker's uids may take at once."""
     _gathering: _Batch = attrs.field(factory=_Batch, init=False)
     """The batch that uids ending now join, until its first uid's task gets a thread."""
+    swept: trio.Event = attrs.field(factory=trio.Event, init=False)
+    """Set once :meth:`sweep_at_start` has run: no uid is given out to a new job before."""
 
     @classmethod
     def claim(cls, settings: AgentSettings, *, logger: Any, lock_dir: Path = UID_BLOCK_DIR) -> JobIdentities:
@@ -321,6 +328,32 @@ class JobIdentities:
             return False
         self.pool.give_back(uid)
         return True
+
+    async def sweep_at_start(self, jobs_dir: Path) -> None:
+        """:meth:`sweep` in a thread (one at a time in this process), then log the pool and set
+        :attr:`swept`. Runs beside the agent's registration: a job assigned meanwhile waits
+        for it before it is given a uid.
+
+        Raises:
+            OSError: what :meth:`sweep` raises; the agent stops.
+        """
+        try:
+            limiter = _START_SWEEPS.get()
+        except LookupError:
+            limiter = trio.CapacityLimiter(1)
+            _START_SWEEPS.set(limiter)
+        async with limiter:
+            stuck = await trio.to_thread.run_sync(self.sweep, jobs_dir)
+        pool = self.pool
+        if self.logger is not None:
+            self.logger.info(
+                "jobs run as a uid each",
+                first_uid=pool.first_uid,
+                last_uid=pool.last_uid,
+                held=len(pool.held),
+                quarantined=stuck,
+            )
+        self.swept.set()
 
     def sweep(self, jobs_dir: Path) -> list[int]:
         """At the agent's start (blocking): remove what uids of the pool no job holds left

@@ -136,7 +136,7 @@ async def run_agent(
                 identities=identities,
                 resources=resources,
             )
-            await _serve_agent(agent, settings, task_status=task_status)
+            await _serve_agent(agent, settings, identities, task_status=task_status)
     finally:
         resources.close()  # every job has ended (and its cgroup is gone): the worker's folder
         if identities is not None:
@@ -149,8 +149,9 @@ async def job_identities(
     settings: AgentSettings, logger: Any, *, live: frozenset[str]
 ) -> tuple[RunAs | None, JobIdentities | None]:
     """Who the worker's jobs run as, logged: as root without ``job_user``, a uid each from its
-    pool (claimed, the uids of the jobs in the ``live`` folders held, what the others left
-    removed); else ``job_user`` as root, or this process's user.
+    pool (claimed, the uids of the jobs in the ``live`` folders held; what the others left is
+    removed by :meth:`JobIdentities.sweep_at_start` once the agent serves); else ``job_user``
+    as root, or this process's user.
 
     Raises:
         runtime.os_users.UserNotCreated, agent.identities.NoUidBlock: as :func:`run_agent` says.
@@ -171,7 +172,7 @@ async def job_identities(
             )
         return run_as, None
 
-    def claim() -> tuple[JobIdentities, list[int]]:
+    def claim() -> JobIdentities:
         identities = JobIdentities.claim(settings, logger=logger)
         try:
             jobs_dir = Path(settings.work_dir).resolve() / "jobs"
@@ -179,24 +180,24 @@ async def job_identities(
                 record = job_record.read_record(jobs_dir / name)
                 if record is not None and record.job_uid is not None:
                     identities.hold(record.job_uid)
-            return identities, identities.sweep(jobs_dir)
+            return identities
         except BaseException:
             identities.close()
             raise
 
-    identities, stuck = await trio.to_thread.run_sync(claim)
-    pool = identities.pool
-    logger.info(
-        "jobs run as a uid each",
-        first_uid=pool.first_uid,
-        last_uid=pool.last_uid,
-        held=len(pool.held),
-        quarantined=stuck,
-    )
+    # What uids of the pool no job holds left is removed once the agent serves
+    # (JobIdentities.sweep_at_start, started by _serve_agent).
+    identities = await trio.to_thread.run_sync(claim)
     return None, identities
 
 
-async def _serve_agent(agent: Agent, settings: AgentSettings, *, task_status: trio.TaskStatus[Agent]) -> None:
+async def _serve_agent(
+    agent: Agent,
+    settings: AgentSettings,
+    identities: JobIdentities | None,
+    *,
+    task_status: trio.TaskStatus[Agent],
+) -> None:
     # The job folders' output, read (ReadLogs) and kept in bounds, through one set of files.
     place: dict[str, Any] = {
         "worker_id": settings.worker_id,
@@ -225,6 +226,8 @@ async def _serve_agent(agent: Agent, settings: AgentSettings, *, task_status: tr
         )
         await nursery.start(agent.run, advertised_address(settings, port))
         nursery.start_soon(keeper.run)
+        if identities is not None:
+            nursery.start_soon(identities.sweep_at_start, agent.jobs_dir)
         log.get("agent").info(
             "worker service listening",
             worker_id=settings.worker_id,

@@ -206,6 +206,12 @@ class RunningJobs:
             self._end_unstarted(job)
             return
         if self.identities is not None and forks(runtime):
+            if not self.identities.swept.is_set():
+                # The start sweep is still removing what earlier uids of the pool left.
+                await either(job.stop, self.identities.swept)
+                if job.stop.is_set():
+                    self._end_unstarted(job)
+                    return
             own = self.identities.run_as()
             if own is None:
                 pool = self.identities.pool

@@ -3,10 +3,12 @@ needs, the operator's range, and the blocks agents on one machine claim (agent/i
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from test_agent_heartbeat import agent_settings
 
 from agent import identities, uid_cleanup
@@ -268,3 +270,33 @@ def test_the_start_sweep_cleans_every_uid_but_those_of_jobs_taken_over(
     assert swept == {"killed": {5000, 5002, 5003}, "temp": {5000, 5002}, "ipc": {5000, 5002}}
     assert pool.quarantined == {5003}
     assert [pool.claim(), pool.claim(), pool.claim()] == [5000, 5002, None]
+
+
+async def test_the_start_sweeps_of_one_process_run_one_at_a_time_and_each_sets_swept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet's workers start at once; their start sweeps (each a walk of the temp folders)
+    run one after another in one thread, and each worker's pool is marked swept, so its first
+    job may take a uid, only once its own sweep has run."""
+    at_once = 0
+    most = 0
+    order: list[int] = []
+
+    def sweep(self: JobIdentities, jobs_dir: Path) -> list[int]:
+        nonlocal at_once, most
+        at_once += 1
+        most = max(most, at_once)
+        order.append(self.pool.first_uid)
+        time.sleep(0.02)
+        at_once -= 1
+        return []
+
+    monkeypatch.setattr(JobIdentities, "sweep", sweep)
+    pools = [JobIdentities(pool=UidPool(5000 + 10 * n, 5009 + 10 * n), owner=(0, 0)) for n in range(4)]
+    async with trio.open_nursery() as nursery:
+        for ids in pools:
+            assert not ids.swept.is_set()
+            nursery.start_soon(ids.sweep_at_start, tmp_path / "jobs")
+    assert most == 1
+    assert sorted(order) == [5000, 5010, 5020, 5030]
+    assert all(ids.swept.is_set() for ids in pools)
