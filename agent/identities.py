@@ -10,6 +10,7 @@ import collections
 import contextlib
 import fcntl
 import os
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +42,8 @@ batch (:class:`_Batch`)."""
 BLOCK_RECORD = "uid-block"
 """In the worker's work folder: the block its agent claimed, ``FIRST-LAST``, claimed again
 first by the next agent process there (so that jobs it takes over keep their uids)."""
-_START_SWEEPS: RunVar[trio.CapacityLimiter] = RunVar("stockade_start_sweeps")
-"""The one thread the start sweeps of a process's workers take, one after another (a fleet's
-workers start at once; each sweep walks the temp folders, and side by side they only slow
-each other and the fleet's registrations)."""
+_START_SWEEPS: RunVar[_StartSweeps] = RunVar("stockade_start_sweeps")
+"""The start sweeps of this process's workers (:meth:`JobIdentities.sweep_at_start`)."""
 
 
 class NoUidBlock(PermanentError):
@@ -241,6 +240,71 @@ class _Batch:
     problems: dict[int, list[str]] = attrs.field(factory=dict)
 
 
+@attrs.define(eq=False)
+class _SweepBatch:
+    """Pools whose start sweeps run as one (:func:`sweep_pools`): ``stuck`` by member, set
+    when ``done`` if the sweep ran."""
+
+    members: list[tuple[JobIdentities, Path]] = attrs.field(factory=list)
+    started: bool = False
+    done: trio.Event = attrs.field(factory=trio.Event)
+    stuck: list[list[int]] | None = None
+
+
+@attrs.define(eq=False)
+class _StartSweeps:
+    """The start sweeps of one process's workers: one thread at a time (each walks the temp
+    folders; side by side they would only slow each other and the fleet's registrations), and
+    those asking while one runs wait and run together, as one walk for all their pools."""
+
+    turn: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
+    gathering: _SweepBatch = attrs.field(factory=_SweepBatch)
+
+
+def sweep_pools(members: Sequence[tuple[JobIdentities, Path]]) -> list[list[int]]:
+    """Blocking: what the uids of each member's pool that no job holds left, removed at once
+    for all of them (one ``/proc`` scan per round of kills, one walk of each temp folder, one
+    read of the IPC tables): their processes, files in the temp folders, IPC objects; the job
+    folders in each member's jobs folder they own given back to the member's owner. Uids whose
+    processes outlive SIGKILL, or whose files cannot be removed, are quarantined in their pool;
+    returns them, by member.
+
+    Raises:
+        OSError: a folder or table could not be read as a whole.
+    """
+    stuck: list[list[int]] = [[] for _ in members]
+    by_owner: dict[tuple[int, int], list[int]] = {}
+    for n, (ids, _) in enumerate(members):
+        by_owner.setdefault(ids.owner, []).append(n)
+    for owner, indices in by_owner.items():
+        pools = [members[n][0].pool for n in indices]
+        idle = uid_cleanup.UidRanges.of(
+            [(pool.first_uid, pool.last_uid) for pool in pools], excluded=[u for p in pools for u in p.held]
+        )
+        left: set[int] = set()
+        if uid_cleanup.kill_processes(idle):
+            left = {uid for held in uid_cleanup.process_uids().values() for uid in held if uid in idle}
+        clean = idle.without(left)
+        for n in indices:
+            _give_back_folders(members[n][1], clean, owner)
+        left.update(uid_cleanup.remove_temp_files(clean, owner=owner))
+        uid_cleanup.remove_ipc(clean)
+        for n, pool in zip(indices, pools, strict=True):
+            stuck[n] = sorted(uid for uid in left if uid in pool)
+            for uid in stuck[n]:
+                pool.quarantine(uid)
+    return stuck
+
+
+def _give_back_folders(jobs_dir: Path, idle: Collection[int], owner: tuple[int, int]) -> None:
+    """Give the job folders in ``jobs_dir`` that a uid of ``idle`` owns back to ``owner``."""
+    with contextlib.suppress(OSError):
+        for entry in jobs_dir.iterdir():
+            with contextlib.suppress(OSError):
+                if entry.lstat().st_gid in idle or (entry / "work").lstat().st_uid in idle:
+                    uid_cleanup.give_back(entry, *owner)
+
+
 @attrs.define(eq=False, kw_only=True)
 class JobIdentities:
     """A root agent's job uids: its pool, the block it holds, and the clean-up that decides
@@ -330,20 +394,39 @@ class JobIdentities:
         return True
 
     async def sweep_at_start(self, jobs_dir: Path) -> None:
-        """:meth:`sweep` in a thread (one at a time in this process), then log the pool and set
-        :attr:`swept`. Runs beside the agent's registration: a job assigned meanwhile waits
-        for it before it is given a uid.
+        """:meth:`sweep` in a thread, together with the other workers of this process that ask
+        meanwhile (:class:`_StartSweeps`), then log the pool and set :attr:`swept`. Runs beside
+        the agent's registration: a job assigned meanwhile waits for it before it takes a uid.
 
         Raises:
             OSError: what :meth:`sweep` raises; the agent stops.
         """
         try:
-            limiter = _START_SWEEPS.get()
+            sweeps = _START_SWEEPS.get()
         except LookupError:
-            limiter = trio.CapacityLimiter(1)
-            _START_SWEEPS.set(limiter)
-        async with limiter:
-            stuck = await trio.to_thread.run_sync(self.sweep, jobs_dir)
+            sweeps = _StartSweeps()
+            _START_SWEEPS.set(sweeps)
+        batch = sweeps.gathering
+        place = len(batch.members)
+        batch.members.append((self, jobs_dir))
+        if batch.started:
+            await batch.done.wait()
+        else:
+            batch.started = True  # this task runs the batch; the others wait for it
+            try:
+                async with sweeps.turn:
+                    sweeps.gathering = _SweepBatch()  # later workers wait for the next batch
+                    members = list(batch.members)
+                    batch.stuck = await trio.to_thread.run_sync(sweep_pools, members)
+            finally:
+                if sweeps.gathering is batch:
+                    sweeps.gathering = _SweepBatch()
+                batch.done.set()
+        if batch.stuck is not None:
+            stuck = batch.stuck[place]
+        else:  # the batch's own agent stopped or failed before its sweep ran: sweep alone
+            async with sweeps.turn:
+                stuck = await trio.to_thread.run_sync(self.sweep, jobs_dir)
         pool = self.pool
         if self.logger is not None:
             self.logger.info(
@@ -356,30 +439,6 @@ class JobIdentities:
         self.swept.set()
 
     def sweep(self, jobs_dir: Path) -> list[int]:
-        """At the agent's start (blocking): remove what uids of the pool no job holds left
-        (an earlier agent process may have died before cleaning up): their processes, files in
-        the temp folders, IPC objects; give the job folders in ``jobs_dir`` they own back to
-        the agent. Uids whose processes outlive SIGKILL, or whose files cannot be removed, are
-        quarantined; returns them."""
-        idle = set(range(self.pool.first_uid, self.pool.last_uid + 1)) - self.pool.held
-        left: set[int] = set()
-        if uid_cleanup.kill_processes(idle):
-            left = {uid for held in uid_cleanup.process_uids().values() for uid in held if uid in idle}
-        for uid in left:
-            self.pool.quarantine(uid)
-        folders = []
-        with contextlib.suppress(OSError):
-            for entry in jobs_dir.iterdir():
-                with contextlib.suppress(OSError):
-                    info = entry.lstat()
-                    if info.st_gid in idle or (entry / "work").lstat().st_uid in idle:
-                        folders.append(entry)
-        clean = idle - left
-        for folder in folders:
-            with contextlib.suppress(OSError):
-                uid_cleanup.give_back(folder, *self.owner)
-        for uid in uid_cleanup.remove_temp_files(clean, owner=self.owner):
-            self.pool.quarantine(uid)
-            left.add(uid)
-        uid_cleanup.remove_ipc(clean)
-        return sorted(left)
+        """At the agent's start (blocking): :func:`sweep_pools` of this pool alone; returns the
+        uids quarantined."""
+        return sweep_pools([(self, jobs_dir)])[0]

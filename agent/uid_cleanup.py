@@ -5,14 +5,17 @@ one walk for the whole batch), SysV IPC objects. Blocking: run it in a thread.""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import os
 import signal
 import stat
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+
+import attrs
 
 TEMP_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
 """The folders every user may write in by default, where a job's files (POSIX message queues
@@ -26,6 +29,47 @@ _IPC_TABLES = {
     "msg": (1, (7, 9), "msgctl"),
     "sem": (1, (4, 6), "semctl"),
 }
+
+
+@attrs.frozen
+class UidRanges(Collection[int]):
+    """Uids as inclusive ranges, less some: what a worker's pool (or several) holds, tested by
+    bisection rather than held as a set of every uid (a block is 65,536 uids, a fleet's pools
+    millions)."""
+
+    ranges: tuple[tuple[int, int], ...]
+    """(first, last) pairs, sorted and not overlapping."""
+    excluded: frozenset[int] = frozenset()
+    """Uids of the ranges that are not in the set."""
+
+    @classmethod
+    def of(cls, ranges: Iterable[tuple[int, int]], *, excluded: Iterable[int] = ()) -> UidRanges:
+        """The uids of ``ranges`` ((first, last) pairs, in any order, overlapping or not) less
+        ``excluded``."""
+        merged: list[tuple[int, int]] = []
+        for first, last in sorted(ranges):
+            if merged and first <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+            else:
+                merged.append((first, last))
+        return cls(tuple(merged), frozenset(excluded))
+
+    def __contains__(self, uid: object) -> bool:
+        if not isinstance(uid, int) or uid in self.excluded:
+            return False
+        at = bisect.bisect_right(self.ranges, (uid, 2**63)) - 1
+        return at >= 0 and self.ranges[at][0] <= uid <= self.ranges[at][1]
+
+    def __iter__(self) -> Iterator[int]:
+        for first, last in self.ranges:
+            yield from (uid for uid in range(first, last + 1) if uid not in self.excluded)
+
+    def __len__(self) -> int:
+        return sum(last - first + 1 for first, last in self.ranges) - len(self.excluded)
+
+    def without(self, uids: Iterable[int]) -> UidRanges:
+        """These uids less ``uids``."""
+        return UidRanges(self.ranges, self.excluded | {u for u in uids if u in self})
 
 
 def _process_uids(pid: str) -> tuple[int, ...] | None:
@@ -56,26 +100,25 @@ def process_uids() -> dict[int, tuple[int, ...]]:
     return found
 
 
-def processes_of(uids: Iterable[int]) -> dict[int, int]:
+def processes_of(uids: Collection[int]) -> dict[int, int]:
     """Every process (pid -> its real uid) any of whose uids (real, effective, saved,
     filesystem) is one of ``uids``."""
-    wanted = set(uids)
-    return {pid: held[0] for pid, held in process_uids().items() if wanted.intersection(held)}
+    return {pid: held[0] for pid, held in process_uids().items() if any(u in uids for u in held)}
 
 
-def kill_processes(uids: Iterable[int], *, wait_s: float = KILL_WAIT_S) -> list[int]:
+def kill_processes(uids: Collection[int], *, wait_s: float = KILL_WAIT_S) -> list[int]:
     """SIGKILL every process of ``uids`` (:func:`processes_of`) until none is left, or
     ``wait_s`` seconds have passed; the pids still there (empty: none left). A process forked
     between two scans is found by the next one: the uid cannot hide in a new pid."""
-    return sorted(_kill(set(uids), wait_s=wait_s))
+    return sorted(_kill(uids, wait_s=wait_s))
 
 
-def _kill(uids: set[int], *, wait_s: float) -> dict[int, set[int]]:
+def _kill(uids: Collection[int], *, wait_s: float) -> dict[int, set[int]]:
     """:func:`kill_processes`: the processes left, each with which of ``uids`` it has."""
     until = time.monotonic() + wait_s
     while True:
         left = {
-            pid: uids.intersection(held) for pid, held in process_uids().items() if uids.intersection(held)
+            pid: theirs for pid, held in process_uids().items() if (theirs := {u for u in held if u in uids})
         }
         if not left:
             return {}
@@ -146,7 +189,7 @@ def _remove_tree(top: str) -> None:
     os.rmdir(top)
 
 
-def _reachable(info: os.stat_result, uids: set[int]) -> bool:
+def _reachable(info: os.stat_result, uids: Collection[int]) -> bool:
     """Whether a job of one of ``uids`` (gid equal to its uid, no other groups) could search
     the folder ``info`` describes (so what is under it may be its)."""
     mode = info.st_mode
@@ -157,7 +200,7 @@ def _reachable(info: os.stat_result, uids: set[int]) -> bool:
     return bool(mode & stat.S_IXOTH)
 
 
-def _owned_under(root: str, uids: set[int]) -> list[tuple[str, int]]:
+def _owned_under(root: str, uids: Collection[int]) -> list[tuple[str, int]]:
     """What under ``root`` belongs to one of ``uids`` (a folder of theirs once, not what is in
     it), with its owner, descending only into folders such a job could search; iterative, as
     :func:`_tree`."""
@@ -173,17 +216,16 @@ def _owned_under(root: str, uids: set[int]) -> list[tuple[str, int]]:
 
 
 def remove_temp_files(
-    uids: Iterable[int], *, owner: tuple[int, int], folders: Iterable[str] = TEMP_FOLDERS
+    uids: Collection[int], *, owner: tuple[int, int], folders: Iterable[str] = TEMP_FOLDERS
 ) -> dict[int, list[str]]:
     """Remove what ``uids`` own in ``folders`` (a folder of theirs with all it holds), in one
     walk of each folder for all of them; what they own deeper, in a folder of someone else's
     they could write to (a results folder an operator shares with jobs), is given to ``owner``
     instead (:func:`give_back`): kept, but no later holder of the uid owns it. Returns what
     could not be removed or given, by the uid that owned it (none: everything went)."""
-    wanted = set(uids)
     failed: dict[int, list[str]] = {}
     for folder in folders:
-        for path, uid in _owned_under(folder, wanted):
+        for path, uid in _owned_under(folder, uids):
             try:
                 if os.path.dirname(path) != folder:
                     give_back(Path(path), *owner)
@@ -198,14 +240,13 @@ def remove_temp_files(
     return failed
 
 
-def ipc_objects(uids: Iterable[int], sysvipc: str = "/proc/sysvipc") -> list[tuple[str, int]]:
+def ipc_objects(uids: Collection[int], sysvipc: str = "/proc/sysvipc") -> list[tuple[str, int]]:
     """The SysV IPC objects (kind ``shm``/``msg``/``sem``, id) owned or created by ``uids``."""
     return [(kind, ident) for kind, ident, _ in _ipc_objects_of(uids, sysvipc)]
 
 
-def _ipc_objects_of(uids: Iterable[int], sysvipc: str = "/proc/sysvipc") -> list[tuple[str, int, int]]:
+def _ipc_objects_of(uids: Collection[int], sysvipc: str = "/proc/sysvipc") -> list[tuple[str, int, int]]:
     """:func:`ipc_objects`, each with the one of ``uids`` that owns (else created) it."""
-    wanted = {str(u) for u in uids}
     found = []
     for kind, (id_at, uid_at, _) in _IPC_TABLES.items():
         try:
@@ -215,19 +256,21 @@ def _ipc_objects_of(uids: Iterable[int], sysvipc: str = "/proc/sysvipc") -> list
             continue
         for line in lines:
             cols = line.split()
-            if len(cols) > max(uid_at) and (held := [cols[i] for i in uid_at if cols[i] in wanted]):
-                found.append((kind, int(cols[id_at]), int(held[0])))
+            if len(cols) <= max(uid_at):
+                continue
+            with contextlib.suppress(ValueError):
+                if held := [uid for uid in (int(cols[i]) for i in uid_at) if uid in uids]:
+                    found.append((kind, int(cols[id_at]), held[0]))
     return found
 
 
-def remove_ipc(uids: Iterable[int]) -> list[tuple[str, int]]:
+def remove_ipc(uids: Collection[int]) -> list[tuple[str, int]]:
     """Remove the SysV IPC objects of ``uids`` (IPC_RMID); returns those that remain."""
     return [(kind, ident) for kind, ident, _ in _remove_ipc_of(uids)]
 
 
-def _remove_ipc_of(uids: Iterable[int]) -> list[tuple[str, int, int]]:
+def _remove_ipc_of(uids: Collection[int]) -> list[tuple[str, int, int]]:
     """:func:`remove_ipc`, each object that remains with its uid."""
-    uids = set(uids)
     libc = ctypes.CDLL(None, use_errno=True)
     for kind, ident in ipc_objects(uids):
         function = getattr(libc, _IPC_TABLES[kind][2])

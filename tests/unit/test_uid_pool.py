@@ -3,7 +3,7 @@ needs, the operator's range, and the blocks agents on one machine claim (agent/i
 
 from __future__ import annotations
 
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -272,31 +272,77 @@ def test_the_start_sweep_cleans_every_uid_but_those_of_jobs_taken_over(
     assert [pool.claim(), pool.claim(), pool.claim()] == [5000, 5002, None]
 
 
-async def test_the_start_sweeps_of_one_process_run_one_at_a_time_and_each_sets_swept(
+async def test_the_start_sweeps_of_one_process_run_one_at_a_time_together_and_set_swept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A fleet's workers start at once; their start sweeps (each a walk of the temp folders)
-    run one after another in one thread, and each worker's pool is marked swept, so its first
-    job may take a uid, only once its own sweep has run."""
+    """A fleet's workers start at once: their start sweeps (each a walk of the temp folders)
+    never run side by side, those asking while one runs are swept together in one call, and
+    each worker's pool is marked swept, so its first job takes a uid only after its own."""
     at_once = 0
     most = 0
-    order: list[int] = []
+    calls: list[list[int]] = []
+    first_may_end = threading.Event()
 
-    def sweep(self: JobIdentities, jobs_dir: Path) -> list[int]:
+    def sweep_pools(members: list[tuple[JobIdentities, Path]]) -> list[list[int]]:
         nonlocal at_once, most
         at_once += 1
         most = max(most, at_once)
-        order.append(self.pool.first_uid)
-        time.sleep(0.02)
+        calls.append([ids.pool.first_uid for ids, _ in members])
+        first_may_end.wait(10)
         at_once -= 1
-        return []
+        return [[] for _ in members]
 
-    monkeypatch.setattr(JobIdentities, "sweep", sweep)
+    monkeypatch.setattr(identities, "sweep_pools", sweep_pools)
     pools = [JobIdentities(pool=UidPool(5000 + 10 * n, 5009 + 10 * n), owner=(0, 0)) for n in range(4)]
     async with trio.open_nursery() as nursery:
-        for ids in pools:
-            assert not ids.swept.is_set()
+        nursery.start_soon(pools[0].sweep_at_start, tmp_path / "jobs")
+        while not calls:  # noqa: ASYNC110 (a thread's list)
+            await trio.sleep(0.01)  # the first sweep runs; the others ask meanwhile
+        for ids in pools[1:]:
             nursery.start_soon(ids.sweep_at_start, tmp_path / "jobs")
+        await trio.sleep(0.05)
+        assert not any(ids.swept.is_set() for ids in pools)
+        first_may_end.set()
     assert most == 1
-    assert sorted(order) == [5000, 5010, 5020, 5030]
+    assert [sorted(call) for call in calls] == [[5000], [5010, 5020, 5030]]
     assert all(ids.swept.is_set() for ids in pools)
+
+
+def test_one_sweep_of_several_pools_cleans_each_but_the_uids_of_jobs_taken_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two pools swept as one: every uid of both but the held ones is killed, walked for and
+    its IPC removed, through a set that never lists each uid; a uid whose file cannot be
+    removed is quarantined in its own pool only."""
+    a, b = (
+        JobIdentities(pool=UidPool(5000, 5003), owner=(0, 0)),
+        JobIdentities(pool=UidPool(7000, 7001), owner=(0, 0)),
+    )
+    a.hold(5001)
+    seen: dict[str, set[int]] = {}
+    monkeypatch.setattr(
+        uid_cleanup, "kill_processes", lambda uids: seen.setdefault("killed", set(uids)) and []
+    )
+
+    def remove_temp_files(uids: Any, owner: tuple[int, int]) -> dict[int, list[str]]:
+        assert isinstance(uids, uid_cleanup.UidRanges)
+        seen["temp"] = set(uids)
+        return {7001: ["/tmp/stuck"]}
+
+    monkeypatch.setattr(uid_cleanup, "remove_temp_files", remove_temp_files)
+    monkeypatch.setattr(uid_cleanup, "remove_ipc", lambda uids: seen.setdefault("ipc", set(uids)) and [])
+    assert identities.sweep_pools([(a, tmp_path / "a"), (b, tmp_path / "b")]) == [[], [7001]]
+    assert seen["killed"] == seen["temp"] == seen["ipc"] == {5000, 5002, 5003, 7000, 7001}
+    assert b.pool.quarantined == {7001} and not a.pool.quarantined
+    ranges = uid_cleanup.UidRanges.of([(7000, 7001), (5000, 5003), (5002, 5009)], excluded=[5004])
+    assert ranges.ranges == ((5000, 5009), (7000, 7001))
+    assert [u in ranges for u in (4999, 5000, 5004, 5009, 5010, 7001, 7002)] == [
+        False,
+        True,
+        False,
+        True,
+        False,
+        True,
+        False,
+    ]
+    assert len(ranges) == 11 and len(ranges.without([7000, 1])) == 10
