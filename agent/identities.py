@@ -42,6 +42,12 @@ batch (:class:`_Batch`)."""
 BLOCK_RECORD = "uid-block"
 """In the worker's work folder: the block its agent claimed, ``FIRST-LAST``, claimed again
 first by the next agent process there (so that jobs it takes over keep their uids)."""
+START_SWEEP_QUIET_S = 1.0
+"""A start sweep waits until no other worker of the process has asked to join it for this long
+(seconds), or :data:`START_SWEEP_GATHER_MAX_S` at most."""
+START_SWEEP_GATHER_MAX_S = 5.0
+"""The longest a start sweep gathers (seconds): a job assigned to a worker whose pool has not
+been swept waits for it."""
 _START_SWEEPS: RunVar[_StartSweeps] = RunVar("stockade_start_sweeps")
 """The start sweeps of this process's workers (:meth:`JobIdentities.sweep_at_start`)."""
 
@@ -255,7 +261,8 @@ class _SweepBatch:
 class _StartSweeps:
     """The start sweeps of one process's workers: one thread at a time (each walks the temp
     folders; side by side they would only slow each other and the fleet's registrations), and
-    those asking while one runs wait and run together, as one walk for all their pools."""
+    those asking while one gathers or runs wait and run together, as one walk for all their
+    pools."""
 
     turn: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
     gathering: _SweepBatch = attrs.field(factory=_SweepBatch)
@@ -415,6 +422,16 @@ class JobIdentities:
             batch.started = True  # this task runs the batch; the others wait for it
             try:
                 async with sweeps.turn:
+                    # A fleet starts its workers one after another: gather them until none has
+                    # asked for a while, so that they share one walk rather than take turns.
+                    began = since = trio.current_time()
+                    joined = len(batch.members)
+                    while (now := trio.current_time()) - since < START_SWEEP_QUIET_S:
+                        if now - began >= START_SWEEP_GATHER_MAX_S:
+                            break
+                        await trio.sleep(START_SWEEP_QUIET_S / 4)
+                        if len(batch.members) > joined:
+                            joined, since = len(batch.members), trio.current_time()
                     sweeps.gathering = _SweepBatch()  # later workers wait for the next batch
                     members = list(batch.members)
                     batch.stuck = await trio.to_thread.run_sync(sweep_pools, members)
