@@ -10,9 +10,9 @@ import collections
 import contextlib
 import fcntl
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import attrs
 import trio
@@ -48,8 +48,16 @@ START_SWEEP_QUIET_S = 1.0
 START_SWEEP_GATHER_MAX_S = 5.0
 """The longest a start sweep gathers (seconds): a job assigned to a worker whose pool has not
 been swept waits for it."""
-_START_SWEEPS: RunVar[_StartSweeps] = RunVar("stockade_start_sweeps")
-"""The start sweeps of this process's workers (:meth:`JobIdentities.sweep_at_start`)."""
+_START_SWEEPS: RunVar[_Batching[tuple[JobIdentities, Path], list[list[int]]]] = RunVar(
+    "stockade_start_sweeps"
+)
+"""The start sweeps of this process's workers (:meth:`JobIdentities.sweep_at_start`), one thread
+at a time (each walks the temp folders; side by side they would only slow each other and the
+fleet's registrations), those asking while one gathers or runs swept together."""
+
+
+_M = TypeVar("_M")
+_R = TypeVar("_R")
 
 
 class NoUidBlock(PermanentError):
@@ -235,37 +243,55 @@ class UidPool:
 
 
 @attrs.define(eq=False)
-class _Batch:
-    """Uids whose clean-ups run as one (:func:`agent.uid_cleanup.clean_uids`): each uid's job
-    folders; ``problems`` by uid, set when ``done`` if it ``ran`` (else nothing was cleaned)."""
+class _Batch(Generic[_M, _R]):
+    """Members whose work runs as one (:class:`_Batching`): ``result`` set when ``done`` if it
+    ``ran`` (else nothing was done)."""
 
-    folders: dict[int, list[Path]] = attrs.field(factory=dict)
+    members: list[_M] = attrs.field(factory=list)
     started: bool = False
     ran: bool = False
     done: trio.Event = attrs.field(factory=trio.Event)
-    problems: dict[int, list[str]] = attrs.field(factory=dict)
+    result: _R | None = None
 
 
 @attrs.define(eq=False)
-class _SweepBatch:
-    """Pools whose start sweeps run as one (:func:`sweep_pools`): ``stuck`` by member, set
-    when ``done`` if the sweep ran."""
+class _Batching(Generic[_M, _R]):
+    """Work on behalf of many members that runs as one when they ask at about the same time:
+    the first member of a batch runs it for all once it has its ``turn``; members that join
+    meanwhile wait for it; those asking after it started wait for the next batch."""
 
-    members: list[tuple[JobIdentities, Path]] = attrs.field(factory=list)
-    started: bool = False
-    done: trio.Event = attrs.field(factory=trio.Event)
-    stuck: list[list[int]] | None = None
+    turn: trio.CapacityLimiter
+    gathering: _Batch[_M, _R] = attrs.field(factory=_Batch)
 
-
-@attrs.define(eq=False)
-class _StartSweeps:
-    """The start sweeps of one process's workers: one thread at a time (each walks the temp
-    folders; side by side they would only slow each other and the fleet's registrations), and
-    those asking while one gathers or runs wait and run together, as one walk for all their
-    pools."""
-
-    turn: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
-    gathering: _SweepBatch = attrs.field(factory=_SweepBatch)
+    async def join(
+        self,
+        member: _M,
+        run: Callable[[list[_M]], Awaitable[_R]],
+        *,
+        gather: Callable[[_Batch[_M, _R]], Awaitable[None]] | None = None,
+    ) -> tuple[_Batch[_M, _R], int]:
+        """Add ``member`` to the batch gathering now and wait until it ran (or failed); returns
+        it and ``member``'s place in it. ``gather``, awaited by the running member once it has
+        its turn, lets more join first."""
+        batch = self.gathering
+        place = len(batch.members)
+        batch.members.append(member)
+        if batch.started:
+            await batch.done.wait()
+            return batch, place
+        batch.started = True  # this task runs the batch; the others wait for it
+        try:
+            async with self.turn:
+                if gather is not None:
+                    await gather(batch)
+                self.gathering = _Batch()  # later members wait for the next batch
+                batch.result = await run(list(batch.members))
+                batch.ran = True
+        finally:
+            if self.gathering is batch:
+                self.gathering = _Batch()
+            batch.done.set()
+        return batch, place
 
 
 def sweep_pools(members: Sequence[tuple[JobIdentities, Path]]) -> list[list[int]]:
@@ -322,10 +348,11 @@ class JobIdentities:
     block: UidBlock | None = None
     owner: tuple[int, int] = attrs.field(factory=lambda: (os.geteuid(), os.getegid()))
     logger: Any = None
-    cleanups: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(CLEANUP_THREADS))
-    """The threads the clean-ups of this worker's uids may take at once."""
-    _gathering: _Batch = attrs.field(factory=_Batch, init=False)
-    """The batch that uids ending now join, until its first uid's task gets a thread."""
+    _releases: _Batching[tuple[int, list[Path]], dict[int, list[str]]] = attrs.field(
+        factory=lambda: _Batching(trio.CapacityLimiter(CLEANUP_THREADS)), init=False
+    )
+    """The clean-ups of this worker's uids (each uid with its job folders), at most
+    :data:`CLEANUP_THREADS` threads at once: uids ending while every thread is busy join one."""
     swept: trio.Event = attrs.field(factory=trio.Event, init=False)
     """Set once :meth:`sweep_at_start` has run: no uid is given out to a new job before."""
 
@@ -367,26 +394,14 @@ class JobIdentities:
         Uids released while every clean-up thread is busy wait together and are cleaned up in
         one batch (one walk of the temp folders for all of them); each is given back only once
         its batch's clean-up has ended, so the guarantee is the same as one at a time."""
+
+        async def clean(members: list[tuple[int, list[Path]]]) -> dict[int, list[str]]:
+            folders = dict(members)
+            return await trio.to_thread.run_sync(lambda: uid_cleanup.clean_uids(folders, owner=self.owner))
+
         with trio.CancelScope(shield=True):
-            batch = self._gathering
-            batch.folders[uid] = [] if job_dir is None else [job_dir]
-            if batch.started:
-                await batch.done.wait()
-            else:
-                batch.started = True  # this task runs the batch; the others wait for it
-                try:
-                    async with self.cleanups:
-                        self._gathering = _Batch()  # later uids wait for the next batch
-                        folders = dict(batch.folders)
-                        batch.problems = await trio.to_thread.run_sync(
-                            lambda: uid_cleanup.clean_uids(folders, owner=self.owner)
-                        )
-                        batch.ran = True
-                finally:
-                    if self._gathering is batch:
-                        self._gathering = _Batch()
-                    batch.done.set()
-        problems = batch.problems.get(uid, []) if batch.ran else ["clean-up did not run"]
+            batch, _ = await self._releases.join((uid, [] if job_dir is None else [job_dir]), clean)
+        problems = (batch.result or {}).get(uid, []) if batch.ran else ["clean-up did not run"]
         if problems:
             self.pool.quarantine(uid)
             if self.logger is not None:
@@ -411,36 +426,27 @@ class JobIdentities:
         try:
             sweeps = _START_SWEEPS.get()
         except LookupError:
-            sweeps = _StartSweeps()
+            sweeps = _Batching(trio.CapacityLimiter(1))
             _START_SWEEPS.set(sweeps)
-        batch = sweeps.gathering
-        place = len(batch.members)
-        batch.members.append((self, jobs_dir))
-        if batch.started:
-            await batch.done.wait()
-        else:
-            batch.started = True  # this task runs the batch; the others wait for it
-            try:
-                async with sweeps.turn:
-                    # A fleet starts its workers one after another: gather them until none has
-                    # asked for a while, so that they share one walk rather than take turns.
-                    began = since = trio.current_time()
-                    joined = len(batch.members)
-                    while (now := trio.current_time()) - since < START_SWEEP_QUIET_S:
-                        if now - began >= START_SWEEP_GATHER_MAX_S:
-                            break
-                        await trio.sleep(START_SWEEP_QUIET_S / 4)
-                        if len(batch.members) > joined:
-                            joined, since = len(batch.members), trio.current_time()
-                    sweeps.gathering = _SweepBatch()  # later workers wait for the next batch
-                    members = list(batch.members)
-                    batch.stuck = await trio.to_thread.run_sync(sweep_pools, members)
-            finally:
-                if sweeps.gathering is batch:
-                    sweeps.gathering = _SweepBatch()
-                batch.done.set()
-        if batch.stuck is not None:
-            stuck = batch.stuck[place]
+
+        async def gather(batch: _Batch[tuple[JobIdentities, Path], list[list[int]]]) -> None:
+            # A fleet starts its workers one after another: gather them until none has asked
+            # for a while, so that they share one walk rather than take turns.
+            began = since = trio.current_time()
+            joined = len(batch.members)
+            while (now := trio.current_time()) - since < START_SWEEP_QUIET_S:
+                if now - began >= START_SWEEP_GATHER_MAX_S:
+                    break
+                await trio.sleep(START_SWEEP_QUIET_S / 4)
+                if len(batch.members) > joined:
+                    joined, since = len(batch.members), trio.current_time()
+
+        async def sweep(members: list[tuple[JobIdentities, Path]]) -> list[list[int]]:
+            return await trio.to_thread.run_sync(sweep_pools, members)
+
+        batch, place = await sweeps.join((self, jobs_dir), sweep, gather=gather)
+        if batch.ran and batch.result is not None:
+            stuck = batch.result[place]
         else:  # the batch's own agent stopped or failed before its sweep ran: sweep alone
             async with sweeps.turn:
                 stuck = await trio.to_thread.run_sync(self.sweep, jobs_dir)
