@@ -292,6 +292,7 @@ async def _host(
             start_limiter=start_limiter,
             leave_turns=leave_turns,
             spawner=spawner,
+            sweep_beside_registration=True,
             task_status=task_status,
         )
     except Exception as exc:  # an ExceptionGroup too; Cancelled is a BaseException and passes

@@ -415,10 +415,11 @@ class JobIdentities:
         self.pool.give_back(uid)
         return True
 
-    async def sweep_at_start(self, jobs_dir: Path) -> None:
-        """:meth:`sweep` in a thread, together with the other workers of this process that ask
-        meanwhile (:class:`_StartSweeps`), then log the pool and set :attr:`swept`. Runs beside
-        the agent's registration: a job assigned meanwhile waits for it before it takes a uid.
+    async def sweep_at_start(self, jobs_dir: Path, *, gather: bool = True) -> None:
+        """:meth:`sweep` in a thread, then log the pool and set :attr:`swept`. With ``gather``
+        (a fleet's workers, swept beside their registration: a job assigned meanwhile waits for
+        it before it takes a uid), together with the other workers of this process that ask
+        meanwhile (:data:`_START_SWEEPS`); else at once, alone (one agent, before it serves).
 
         Raises:
             OSError: what :meth:`sweep` raises; the agent stops.
@@ -429,7 +430,7 @@ class JobIdentities:
             sweeps = _Batching(trio.CapacityLimiter(1))
             _START_SWEEPS.set(sweeps)
 
-        async def gather(batch: _Batch[tuple[JobIdentities, Path], list[list[int]]]) -> None:
+        async def gather_more(batch: _Batch[tuple[JobIdentities, Path], list[list[int]]]) -> None:
             # A fleet starts its workers one after another: gather them until none has asked
             # for a while, so that they share one walk rather than take turns.
             began = since = trio.current_time()
@@ -444,7 +445,7 @@ class JobIdentities:
         async def sweep(members: list[tuple[JobIdentities, Path]]) -> list[list[int]]:
             return await trio.to_thread.run_sync(sweep_pools, members)
 
-        batch, place = await sweeps.join((self, jobs_dir), sweep, gather=gather)
+        batch, place = await sweeps.join((self, jobs_dir), sweep, gather=gather_more if gather else None)
         if batch.ran and batch.result is not None:
             stuck = batch.result[place]
         else:  # the batch's own agent stopped or failed before its sweep ran: sweep alone

@@ -74,6 +74,7 @@ async def run_agent(
     start_limiter: StartLimiter | None = None,
     leave_turns: trio.CapacityLimiter | None = None,
     spawner: Spawner | None = None,
+    sweep_beside_registration: bool = False,
     task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one worker's agent until cancelled; the asyncio bridge must already be open.
@@ -92,7 +93,10 @@ async def run_agent(
     removing what an earlier life of it left.
 
     ``control_plane``, ``start_limiter``, ``leave_turns`` and ``spawner`` (running): None, the
-    agent's own (a :class:`GrpcControlPlane` over ``settings.control_planes``).
+    agent's own (a :class:`GrpcControlPlane` over ``settings.control_planes``). A root agent
+    sweeps its uid pool before it serves, or, with ``sweep_beside_registration`` (a fleet's
+    workers), once it serves, gathered with the other workers of the process
+    (:meth:`JobIdentities.sweep_at_start`).
 
     Raises:
         OSError: the listen address cannot be bound, or the work folder cannot be written.
@@ -107,6 +111,9 @@ async def run_agent(
     live = adoption.supervised_job_folders(str(Path(settings.work_dir) / FENCE_DEADLINE_FILE))
     run_as, identities = await job_identities(settings, logger, live=live)
     try:
+        if identities is not None and not sweep_beside_registration:
+            work_dir = await trio.to_thread.run_sync(Path(settings.work_dir).resolve)
+            await identities.sweep_at_start(work_dir / "jobs", gather=False)
         settings = await container_settings(settings, logger)
         settings, resources = await resource_settings(settings, logger, keep=live)
     except BaseException:
@@ -136,7 +143,8 @@ async def run_agent(
                 identities=identities,
                 resources=resources,
             )
-            await _serve_agent(agent, settings, identities, task_status=task_status)
+            beside = identities if sweep_beside_registration else None
+            await _serve_agent(agent, settings, beside, task_status=task_status)
     finally:
         resources.close()  # every job has ended (and its cgroup is gone): the worker's folder
         if identities is not None:
@@ -150,8 +158,8 @@ async def job_identities(
 ) -> tuple[RunAs | None, JobIdentities | None]:
     """Who the worker's jobs run as, logged: as root without ``job_user``, a uid each from its
     pool (claimed, the uids of the jobs in the ``live`` folders held; what the others left is
-    removed by :meth:`JobIdentities.sweep_at_start` once the agent serves); else ``job_user``
-    as root, or this process's user.
+    removed by :meth:`JobIdentities.sweep_at_start`); else ``job_user`` as root, or this
+    process's user.
 
     Raises:
         runtime.os_users.UserNotCreated, agent.identities.NoUidBlock: as :func:`run_agent` says.
@@ -185,8 +193,7 @@ async def job_identities(
             identities.close()
             raise
 
-    # What uids of the pool no job holds left is removed once the agent serves
-    # (JobIdentities.sweep_at_start, started by _serve_agent).
+    # What uids of the pool no job holds left is removed by JobIdentities.sweep_at_start.
     identities = await trio.to_thread.run_sync(claim)
     return None, identities
 
@@ -194,7 +201,7 @@ async def job_identities(
 async def _serve_agent(
     agent: Agent,
     settings: AgentSettings,
-    identities: JobIdentities | None,
+    sweep_beside: JobIdentities | None,
     *,
     task_status: trio.TaskStatus[Agent],
 ) -> None:
@@ -226,8 +233,8 @@ async def _serve_agent(
         )
         await nursery.start(agent.run, advertised_address(settings, port))
         nursery.start_soon(keeper.run)
-        if identities is not None:
-            nursery.start_soon(identities.sweep_at_start, agent.jobs_dir)
+        if sweep_beside is not None:  # a fleet's worker: its pool is swept beside registration
+            nursery.start_soon(sweep_beside.sweep_at_start, agent.jobs_dir)
         log.get("agent").info(
             "worker service listening",
             worker_id=settings.worker_id,
