@@ -229,6 +229,19 @@ def _submit_running(addresses: list[str], tls: TlsFiles | None) -> list[int]:
     return [int(job_id) for job_id in reply.job_ids]
 
 
+def _said_of(cluster: LocalCluster, worker_id: str) -> list[str]:
+    """What the processes' logs said of ``worker_id``'s leave or death: the lines that explain a
+    leave not recorded (the agent's reason, a control plane's verdict, a declaration)."""
+    words = ("leave", "left", "dead", "death", "silent")
+    return [
+        line.strip()
+        for path in sorted((cluster.state.root / "logs").glob("*.log"))
+        for line in path.read_text(errors="replace").splitlines()
+        if (f"worker_id={worker_id} " in f"{line} " and any(w in line for w in words))
+        or ("dead_workers=[" in line and f"'{worker_id}'" in line)
+    ]
+
+
 def test_every_worker_of_fleets_an_up_stops_together_leaves_cleanly(
     tmp_path: Path, database_url: str
 ) -> None:
@@ -269,7 +282,7 @@ def test_every_worker_of_fleets_an_up_stops_together_leaves_cleanly(
                 for r in _read_log(cluster.state.work_dir(worker.id) / "agent.jsonl")
                 if r["event"] == "leave"
             ]
-            assert leaves and leaves[-1]["left"] is True, (worker.id, leaves)
+            assert leaves and leaves[-1]["left"] is True, (worker.id, leaves, _said_of(cluster, worker.id))
             left_as[worker.id] = leaves[-1]["incarnation"]
         recorded = {
             (r["worker_id"], r["incarnation"]) for r in _fetch(database_url, "SELECT * FROM worker_leaves")
