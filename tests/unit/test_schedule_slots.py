@@ -4,6 +4,7 @@ the checks of a schedule's fields."""
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 
 import pytest
 from hypothesis import given, settings
@@ -109,7 +110,7 @@ def test_slots_increase_and_resume_where_they_stopped(start: dt.datetime, expres
     cron, zone_info = parse_cron(expression), zone(tz)
     after = start.replace(tzinfo=UTC)
     slots = slots_between(cron, zone_info, after, after + dt.timedelta(days=3), limit=400)
-    assert all(a < b for a, b in zip(slots, slots[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(slots))
     assert all(s > after for s in slots)
     for i, slot in enumerate(slots[:-1]):
         assert next_slot(cron, zone_info, slot) == slots[i + 1]
