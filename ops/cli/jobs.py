@@ -10,8 +10,8 @@ import json
 import random
 import re
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -104,6 +104,44 @@ def jobs(
     from ops.cli.render import print_submitted
 
     print_submitted(ids, specs)
+
+
+def spec_of_submit_options(options: Mapping[str, Any]) -> JobSpec:
+    """The job of :func:`submit`'s options, by parameter name (also ``stockade schedule add``'s,
+    which takes them): a command, a container or a sleep, checked by the control plane's rules
+    here first (out-of-range numbers do not fit the wire). Exits with EXIT_INVALID unless
+    exactly one of ``sleep_s``, ``image`` and ``command`` is given (``image`` may have a command).
+
+    Raises:
+        InvalidArgument: an option breaks a job's rule.
+    """
+    image, sleep_s, command = options["image"], options["sleep_s"], options["command"]
+    if image is not None and sleep_s is not None:
+        fail("give --image IMAGE [-- CMD ARGS...] or --sleep-s SECONDS, not both", EXIT_INVALID)
+    if image is None and (sleep_s is None) == (not command):
+        fail("give exactly one of --sleep-s SECONDS, --image IMAGE or -- CMD ARGS...", EXIT_INVALID)
+    from ops.jobfields import spec_of_options
+
+    return spec_of_options(
+        {
+            "name": options["name"],
+            "cpu_millis": options["cpu_millis"],
+            "memory_mb": options["memory_mb"],
+            "priority": options["priority"],
+            "sleep_s": sleep_s,
+            "command": tuple(command) if command else None,
+            "image": image,
+            "max_attempts": options["max_attempts"],
+            "retry_backoff_s": options["retry_backoff_s"],
+            "count_lost": options["count_lost"],
+            "timeout_s": options["timeout_s"],
+            "constraints": options["constraint"] or [],
+            "env": options["env"] or [],
+            "workdir": options["workdir"],
+            "after": options.get("after") or [],
+            "array": options.get("array"),
+        }
+    )
 
 
 @app.command("submit", context_settings={"allow_interspersed_args": False})
@@ -225,34 +263,9 @@ def submit(
 ) -> None:
     """Submit one job, a command (stockade submit ... -- CMD ARGS...), a container (--image IMAGE
     [-- CMD ARGS...]) or a sleep (--sleep-s); print its id."""
-    if image is not None and sleep_s is not None:
-        fail("give --image IMAGE [-- CMD ARGS...] or --sleep-s SECONDS, not both", EXIT_INVALID)
-    if image is None and (sleep_s is None) == (not command):
-        fail("give exactly one of --sleep-s SECONDS, --image IMAGE or -- CMD ARGS...", EXIT_INVALID)
-    from ops.jobfields import spec_of_options
-
+    options = dict(locals())
     with errors():
-        # The control plane's checks, here first: out-of-range numbers do not fit the wire.
-        spec = spec_of_options(
-            {
-                "name": name,
-                "cpu_millis": cpu_millis,
-                "memory_mb": memory_mb,
-                "priority": priority,
-                "sleep_s": sleep_s,
-                "command": tuple(command) if command else None,
-                "image": image,
-                "max_attempts": max_attempts,
-                "retry_backoff_s": retry_backoff_s,
-                "count_lost": count_lost,
-                "timeout_s": timeout_s,
-                "constraints": constraint or [],
-                "env": env or [],
-                "workdir": workdir,
-                "after": after or [],
-                "array": array,
-            }
-        )
+        spec = spec_of_submit_options(options)
         (job_id,) = _submit(
             control_plane_addresses(control_planes), [spec], key=idempotency_key_of(idempotency_key)
         )
