@@ -22,14 +22,6 @@ from runtime.checks import check_int_between as _int_between
 from runtime.checks import check_text as _text
 from runtime.constraints import MAX_CONSTRAINTS, MAX_IN_VALUES
 from runtime.errors import InvalidArgument
-from runtime.schedules import (
-    CRON_HORIZON_YEARS,
-    MAX_CATCH_UP_SLOTS,
-    MAX_CRON_BYTES,
-    MAX_STARTING_DEADLINE_S,
-    MAX_TZ_BYTES,
-    MIN_STARTING_DEADLINE_S,
-)
 from runtime.jobs import (
     MAX_AFTER,
     MAX_ARGV_BYTES,
@@ -50,6 +42,14 @@ from runtime.jobs import (
     MAX_TIMEOUT_S,
     MAX_WORKDIR_BYTES,
     MIN_TIMEOUT_S,
+)
+from runtime.schedules import (
+    CRON_HORIZON_YEARS,
+    MAX_CATCH_UP_SLOTS,
+    MAX_CRON_BYTES,
+    MAX_STARTING_DEADLINE_S,
+    MAX_TZ_BYTES,
+    MIN_STARTING_DEADLINE_S,
 )
 from runtime.settings import agent as agent_settings
 from runtime.validation import (
