@@ -186,6 +186,9 @@ class ChaosResult:
                 "jobs_killed_by_outage",
                 "acknowledged_submissions_lost",
                 "wrong_final_states",
+                "schedule_slots_fired",
+                "schedule_slots_skipped",
+                "schedule_slot_errors",
             )
         }
         recoveries = self.placement_recoveries_s
