@@ -343,7 +343,8 @@ class Client:
             account: only this account's rows; None: every account this client may see (a
                 user's certificate sees its own rows only).
             action: only this action (``submit``, ``cancel``, ``drain``, ``cordon``,
-                ``uncordon``, ``account_set``); None: every action.
+                ``uncordon``, ``account_set``, ``schedule_add``, ``schedule_pause``,
+                ``schedule_resume``, ``schedule_remove``); None: every action.
             since_s: only rows of the last ``since_s`` seconds (database time); None: all.
             limit: at most this many rows, 0 to 10,000 (0: 100).
 

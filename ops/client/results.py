@@ -315,7 +315,8 @@ class AuditEntry:
     address: str
     """The peer address (``host:port``) the control plane saw."""
     action: str
-    """``submit``, ``cancel``, ``drain``, ``cordon``, ``uncordon`` or ``account_set``."""
+    """``submit``, ``cancel``, ``drain``, ``cordon``, ``uncordon``, ``account_set`` or
+    ``schedule_add``, ``schedule_pause``, ``schedule_resume``, ``schedule_remove``."""
     target_ids: tuple[int | str, ...]
     """What it changed: job ids (an array's id for an array), or a worker id."""
     arguments: dict[str, Any]
