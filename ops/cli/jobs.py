@@ -41,6 +41,7 @@ from runtime.validation import JOB_STATES, MAX_LIST_LIMIT
 if TYPE_CHECKING:
     from ops.cli.logs import OutputTail
     from ops.client import Client, Job, JobHistory
+    from ops.jobfile import FileSchedule
     from runtime.jobs import JobSpec
 
 JOB_CPU_MILLIS = (250, 500, 1000, 2000, 4000)
@@ -307,6 +308,8 @@ def run(
     array. A file holds one job (its fields at the top level) or several ([[job]] tables in
     TOML, a list under job: or at the top level in YAML), at most 10000 and 1 MiB; a status
     table (what `stockade job ID --json` reports) is ignored, so that output can be run again.
+    A top-level schedules list adds periodic jobs (name, cron, tz, concurrency_policy,
+    starting_deadline_s, and job: a job's table; docs/schedules.md), after the jobs.
     Errors name the file and line: jobs.toml:7: max_attempts must be between 1 and 100, got 0.
     """
     from ops import jobfile
@@ -316,18 +319,48 @@ def run(
         fail(f"--format must be toml or yaml, got {text_format!r}", EXIT_INVALID)
     with errors():
         specs, where = jobfile.read_job_file_placed(path, text_format=text_format)
+        schedules = jobfile.read_schedules(path, text_format=text_format) if path != "-" else []
     if check:
-        sys.stdout.write(json.dumps([fields_of(spec) for spec in specs], indent=2) + "\n")
+        shown: list[dict[str, Any]] = [fields_of(spec) for spec in specs]
+        shown += [
+            {**{f: getattr(s, f) for f in jobfile.SCHEDULE_FIELDS if f != "job"}, "job": fields_of(s.job)}
+            for s in schedules
+        ]
+        sys.stdout.write(json.dumps(shown, indent=2) + "\n")
         return
+    key = idempotency_key_of(idempotency_key)
     with errors():
+        addresses = control_plane_addresses(control_planes)
         try:
-            ids = _submit(
-                control_plane_addresses(control_planes), specs, key=idempotency_key_of(idempotency_key)
-            )
+            ids = _submit(addresses, specs, key=key) if specs else []
         except InvalidArgument as exc:
             raise _placed_in_file(exc, specs, where) from None
+        for schedule, schedule_key in zip(
+            schedules, batch_keys(f"{key}/schedules", len(schedules)) if schedules else [], strict=True
+        ):
+            with answer_unknown(schedule_key, "stored the schedule"):
+                _add_file_schedule(addresses, schedule, schedule_key)
     for job_id in ids:
         console().print(job_id)
+    for schedule in schedules:
+        console().print(f"schedule {schedule.name}")
+
+
+def _add_file_schedule(addresses: list[str], schedule: FileSchedule, key: str) -> None:
+    """Add one schedule of a job file under ``key``."""
+
+    async def body(client: Client) -> None:
+        await client.add_schedule(
+            schedule.name,
+            cron=schedule.cron,
+            tz=schedule.tz,
+            job=schedule.job,
+            concurrency_policy=schedule.concurrency_policy,
+            starting_deadline_s=schedule.starting_deadline_s,
+            idempotency_key=key,
+        )
+
+    with_client(addresses, body)
 
 
 def _placed_in_file(
