@@ -135,7 +135,8 @@ def _add_signature() -> inspect.Signature:
 
 add.__signature__ = _add_signature()  # type: ignore[attr-defined]
 add.__annotations__ = {p.name: p.annotation for p in add.__signature__.parameters.values()}  # type: ignore[attr-defined]
-schedule_app.command("add", context_settings={"allow_interspersed_args": False})(add)
+# Options may follow NAME; the command comes after `--` (its own options are then its own).
+schedule_app.command("add")(add)
 
 
 @schedule_app.command("list")
