@@ -141,14 +141,35 @@ def read_job_file_placed(
     Raises:
         JobFileError: as :func:`read_job_file`.
     """
+    return _placed(*_source(path, text_format))
+
+
+def read_job_file_and_schedules(
+    path: Path | str, *, text_format: str | None = None
+) -> tuple[list[JobSpec], Callable[[int, str], str], list[FileSchedule]]:
+    """:func:`read_job_file_placed` and :func:`read_schedules` of one reading of the file (so
+    ``-``, standard input, is read once).
+
+    Raises:
+        JobFileError: as those two.
+    """
+    source = _source(path, text_format)
+    specs, where = _placed(*source)
+    return specs, where, _schedules_of(*source)
+
+
+def _source(path: Path | str, text_format: str | None) -> tuple[str, str, str]:
+    """The file as shown, its format (``toml`` or ``yaml``) and its text."""
     shown = str(path)
     fmt = text_format or FORMATS.get(Path(shown).suffix.lower()) or ("yaml" if shown == "-" else None)
     if fmt not in ("toml", "yaml"):
         raise JobFileError(
             shown, f"a job file must end in {', '.join(FORMATS)} (or give --format toml|yaml)", value=shown
         )
-    data = _read_bytes(shown)
-    text = _decode(shown, data)
+    return shown, fmt, _decode(shown, _read_bytes(shown))
+
+
+def _placed(shown: str, fmt: str, text: str) -> tuple[list[JobSpec], Callable[[int, str], str]]:
     kind = "JSON" if Path(shown).suffix.lower() == ".json" else "YAML"
     jobs, lines = _parse_toml(shown, text) if fmt == "toml" else _parse_yaml(shown, text, kind)
 
@@ -167,7 +188,11 @@ def read_schedules(path: Path | str, *, text_format: str | None = None) -> list[
         JobFileError: the file cannot be read or parsed (as :func:`read_job_file`), or a
             schedule breaks a rule; the message names the file and, where known, the line.
     """
-    shown, document, line_of = _document(path, text_format)
+    return _schedules_of(*_source(path, text_format))
+
+
+def _schedules_of(shown: str, fmt: str, text: str) -> list[FileSchedule]:
+    document, line_of = _document(shown, fmt, text)
     if not isinstance(document, dict) or SCHEDULES_KEY not in document:
         return []
 
@@ -249,21 +274,13 @@ def read_schedules(path: Path | str, *, text_format: str | None = None) -> list[
     return found
 
 
-def _document(path: Path | str, text_format: str | None) -> tuple[str, Any, Callable[[Path_], int | None]]:
-    """The file as shown, its parsed document, and the line of a value by its path from the
-    document's root (None: not known; TOML: the ``[[schedules]]`` headers and their keys)."""
-    shown = str(path)
-    fmt = text_format or FORMATS.get(Path(shown).suffix.lower()) or ("yaml" if shown == "-" else None)
-    if fmt not in ("toml", "yaml"):
-        raise JobFileError(
-            shown, f"a job file must end in {', '.join(FORMATS)} (or give --format toml|yaml)", value=shown
-        )
-    text = _decode(shown, _read_bytes(shown))
+def _document(shown: str, fmt: str, text: str) -> tuple[Any, Callable[[Path_], int | None]]:
+    """The parsed document, and the line of a value by its path from the document's root (None:
+    not known; TOML: the ``[[schedules]]`` headers and their keys)."""
     if fmt == "toml":
-        document = _toml_document(shown, text)
-        return shown, document, _toml_schedule_lines(text).get
+        return _toml_document(shown, text), _toml_schedule_lines(text).get
     document, marks = _yaml_document(shown, text, "JSON" if Path(shown).suffix.lower() == ".json" else "YAML")
-    return shown, document, marks.get
+    return document, marks.get
 
 
 def _toml_schedule_lines(text: str) -> dict[Path_, int]:

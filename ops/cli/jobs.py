@@ -318,8 +318,7 @@ def run(
     if text_format is not None and text_format not in ("toml", "yaml"):
         fail(f"--format must be toml or yaml, got {text_format!r}", EXIT_INVALID)
     with errors():
-        specs, where = jobfile.read_job_file_placed(path, text_format=text_format)
-        schedules = jobfile.read_schedules(path, text_format=text_format) if path != "-" else []
+        specs, where, schedules = jobfile.read_job_file_and_schedules(path, text_format=text_format)
     if check:
         shown: list[dict[str, Any]] = [fields_of(spec) for spec in specs]
         shown += [

@@ -132,3 +132,17 @@ def test_pause_resume_remove_name_the_schedule(calls: list[tuple[str, Any]], ver
     assert result.exit_code == 0, result.output
     ((rpc, request),) = calls
     assert rpc == f"{verb}_schedule" and request.name == "nightly" and request.idempotency_key
+
+
+def test_run_adds_the_schedules_of_a_job_file_read_from_standard_input(calls: list[tuple[str, Any]]) -> None:
+    """`stockade run -` reads the file once: its schedule is added (no job submitted), its
+    name printed."""
+    text = (
+        "schedules:\n  - name: nightly\n    cron: '30 2 * * *'\n    tz: Europe/Berlin\n"
+        "    job: {cpu_millis: 500, memory_mb: 256, command: [backup.sh]}\n"
+    )
+    result = CliRunner().invoke(app, ["run", "-", "--control-planes", "127.0.0.1:1"], input=text)
+    assert result.exit_code == 0, result.output
+    ((rpc, request),) = calls
+    assert rpc == "add_schedule" and request.spec.name == "nightly" and request.spec.tz == "Europe/Berlin"
+    assert "schedule nightly" in result.output
