@@ -20,12 +20,16 @@ import trio
 from actors import queries
 from actors.messages import FireScheduleSlots, RecordedSlot
 from actors.role import RoleView
-from actors.schedule_plan import DueSchedule, ScheduleFiring, plan_schedule
+from actors.schedule_plan import MAX_SLOTS_PER_PASS, DueSchedule, ScheduleFiring, plan_schedule
 from actors.write_size import FencedWrites
 from runtime import log
 from runtime.aio import ReadStore
 from runtime.errors import DatabaseUnavailable, InvalidArgument, StaleEpoch
 from runtime.reply import Reply
+
+OPEN_JOBS_LOOKED_AT = 10
+"""How many of a schedule's last fired jobs ``queries.ACTIVE_SCHEDULES`` reads for the open ones
+(the most a ``replace`` firing cancels)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -127,9 +131,12 @@ class Scheduler(FencedWrites):
         reading = await self.store.active_schedules()
         firings: list[ScheduleFiring] = []
         next_at: dt.datetime | None = None
+        # One schedule's firing is one write: its slots and its cancels within the ledger's limit.
+        most = max(1, min(MAX_SLOTS_PER_PASS, self.max_rows_per_fenced_write - OPEN_JOBS_LOOKED_AT))
         for schedule in reading.schedules:
+            await trio.lowlevel.checkpoint()  # many schedules: the placer's rounds go on between them
             try:
-                plan = plan_schedule(schedule, reading.now)
+                plan = plan_schedule(schedule, reading.now, max_slots=most)
             except InvalidArgument as exc:
                 self._log.error("schedule skipped: unreadable", schedule=schedule.name, error=str(exc))
                 continue

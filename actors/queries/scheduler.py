@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 # The database's time, and every schedule that is not paused, by id, with its cursor and, for
-# the policies forbid and replace, which of the last 10 jobs it fired have not ended (those
-# policies keep at most one open, and a replaced one until its worker acknowledges the cancel).
+# the policies forbid and replace, which of the last 10 (actors.scheduler.OPEN_JOBS_LOOKED_AT) jobs it fired
+# have not ended (those policies keep at most one open, and a replaced one until its worker
+# acknowledges the cancel).
 ACTIVE_SCHEDULES = """
 SELECT now() AS now, s.id, s.name, s.cron, s.tz, s.concurrency_policy, s.starting_deadline_s,
        s.slots_through,
