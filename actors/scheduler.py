@@ -22,7 +22,7 @@ from actors.messages import FireScheduleSlots, RecordedSlot
 from actors.role import RoleView
 from actors.schedule_plan import MAX_SLOTS_PER_PASS, DueSchedule, ScheduleFiring, plan_schedule
 from actors.write_size import FencedWrites
-from runtime import log
+from runtime import log, metrics
 from runtime.aio import ReadStore
 from runtime.errors import DatabaseUnavailable, InvalidArgument, StaleEpoch
 from runtime.reply import Reply
@@ -147,6 +147,8 @@ class Scheduler(FencedWrites):
         for batch in self._batches(firings):
             recorded: tuple[RecordedSlot, ...] = await self.write(partial(self._message, epoch, batch))
             fired = [r for r in recorded if r.job_id is not None]
+            metrics.SCHEDULE_SLOTS.labels("fired").inc(len(fired))
+            metrics.SCHEDULE_SLOTS.labels("skipped").inc(len(recorded) - len(fired))
             if recorded:
                 self._log.info(
                     "schedule slots recorded",

@@ -11,6 +11,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from prometheus_client import REGISTRY
 
 from actors.messages import (
     Deposed,
@@ -114,7 +115,9 @@ async def test_the_scheduler_wakes_at_the_next_slot_and_fires_it_once(
 ) -> None:
     """Slots every 2 s at database times 01:00:00, :02, :04 (trio 1.5, 3.5, 5.5; the first is
     Berlin's 03:00 CEST, where the skipped hour's slots are one): each fired once, at exactly its
-    time, under the epoch elected; deposed at 6, nothing more fires."""
+    time, under the epoch elected, and counted in stockade_schedule_slots_total; deposed at 6,
+    nothing more fires."""
+    fired_before = REGISTRY.get_sample_value("stockade_schedule_slots_total", {"outcome": "fired"}) or 0.0
     cluster = Cluster(FakeStore())
     await cluster.run(for_s=10.0, deposed_at_s=6.0)
     second = dt.timedelta(seconds=1)
@@ -123,6 +126,8 @@ async def test_the_scheduler_wakes_at_the_next_slot_and_fires_it_once(
         (3.5, 1, BASE + 3.5 * second),
         (5.5, 1, BASE + 5.5 * second),
     ]
+    fired_after = REGISTRY.get_sample_value("stockade_schedule_slots_total", {"outcome": "fired"})
+    assert fired_after == fired_before + 3
 
 
 @pytest.mark.parametrize(
