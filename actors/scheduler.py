@@ -91,6 +91,8 @@ class Scheduler(FencedWrites):
     store: SchedulerStore
     role: RoleView
     settings: SchedulerSettings = attrs.field(factory=SchedulerSettings)
+    _failed_passes: int = 0
+    """Passes failed in a row (the database away): logged once per streak."""
     _log: Any = attrs.field(factory=lambda: log.get("scheduler"))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -110,8 +112,13 @@ class Scheduler(FencedWrites):
                 self._log.info("firing refused: deposed", epoch=exc.epoch, epoch_seen=exc.epoch_seen)
                 return
             except DatabaseUnavailable as exc:
-                self._log.warning("pass failed", error=str(exc))
+                if not self._failed_passes:
+                    self._log.warning("pass failed", error=str(exc))
+                self._failed_passes += 1
                 return
+            if self._failed_passes:
+                self._log.info("passes succeed again", failed_passes=self._failed_passes)
+                self._failed_passes = 0
             wake = trio.current_time() + max(wait_s, self.settings.min_sleep_s)
             if wake >= began + self.settings.poll_interval_s or self.role.epoch != epoch:
                 return
