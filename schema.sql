@@ -318,7 +318,8 @@ CREATE TABLE IF NOT EXISTS audit_log (
     address     text        NOT NULL,
     -- a new kind of change adds its action here, in a migration
     action      text        NOT NULL
-                CHECK (action IN ('submit', 'cancel', 'drain', 'cordon', 'uncordon', 'account_set')),
+                CHECK (action IN ('submit', 'cancel', 'drain', 'cordon', 'uncordon', 'account_set',
+                                  'schedule_add', 'schedule_pause', 'schedule_resume', 'schedule_remove')),
     target_ids  jsonb       NOT NULL DEFAULT '[]',
     arguments   jsonb       NOT NULL DEFAULT '{}'
 );
@@ -344,6 +345,47 @@ CREATE TABLE IF NOT EXISTS accounts (
     updated_at   timestamptz      NOT NULL DEFAULT now()
 );
 
+-- ---------------------------------------------------------------- schedules
+
+-- A periodic job (docs/schedules.md), added by a caller (AddSchedule) and owned by its account:
+-- a cron expression (5 fields, or 6 with seconds first) read in the IANA time zone tz, and the
+-- job each slot fires, as the columns of jobs it is inserted in (actors/queries/jobs.py,
+-- JobColumns; constraints and env as JSON values). concurrency_policy as Kubernetes CronJob's;
+-- a slot fires only within starting_deadline_s of its time, else it is recorded missed.
+-- slots_through: every slot at or before it is recorded in schedule_slots, or came before the
+-- schedule was added or while it was paused (a resume moves it to now()); written by the
+-- leader's fenced firing (actors/queries/ledger.py, FIRE_SCHEDULE_SLOTS).
+CREATE TABLE IF NOT EXISTS schedules (
+    id                   bigserial   PRIMARY KEY,
+    name                 text        NOT NULL UNIQUE,
+    cron                 text        NOT NULL,
+    tz                   text        NOT NULL,
+    job                  jsonb       NOT NULL,
+    concurrency_policy   text        NOT NULL DEFAULT 'allow'
+                         CHECK (concurrency_policy IN ('allow', 'forbid', 'replace')),
+    starting_deadline_s  integer     NOT NULL CHECK (starting_deadline_s > 0),
+    paused               boolean     NOT NULL DEFAULT false,
+    owner                text        NOT NULL,
+    created_at           timestamptz NOT NULL DEFAULT now(),
+    slots_through        timestamptz NOT NULL DEFAULT now()
+);
+
+-- Each slot of a schedule, recorded once (the primary key is the backstop; the fence is the
+-- rule): fired, with the one job it inserted in the same fenced transaction, or skipped, with
+-- why ('missed: ...' past starting_deadline_s, 'forbid: ...', 'superseded: ...'); epoch: the
+-- leader's reign it was recorded in.
+CREATE TABLE IF NOT EXISTS schedule_slots (
+    schedule_id  bigint      NOT NULL REFERENCES schedules (id) ON DELETE CASCADE,
+    slot_at      timestamptz NOT NULL,
+    outcome      text        NOT NULL CHECK (outcome IN ('fired', 'skipped')),
+    reason       text        NOT NULL DEFAULT '',
+    job_id       bigint      UNIQUE,
+    epoch        bigint      NOT NULL,
+    recorded_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (schedule_id, slot_at),
+    CONSTRAINT schedule_slots_job_check CHECK ((outcome = 'fired') = (job_id IS NOT NULL))
+);
+
 -- ---------------------------------------------------------------- the schema's version
 
 -- The versions applied (actors/schema.py): this file records the newest; each migration adds its own.
@@ -352,7 +394,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 -- This file's version: the newest migration's (actors/migrations/).
-INSERT INTO schema_version (version) VALUES (9) ON CONFLICT (version) DO NOTHING;
+INSERT INTO schema_version (version) VALUES (10) ON CONFLICT (version) DO NOTHING;
 
 -- ================================================================ routines
 -- Everything below is functions, triggers and views, each CREATE OR REPLACE: applied with the

@@ -30,6 +30,7 @@ from actors.placer_store import PgPlacerStore
 from actors.reconciler import Reconciler
 from actors.reconciler_store import PgReconcilerStore
 from actors.role import RoleView
+from actors.scheduler import PgSchedulerStore, Scheduler
 from actors.schema import apply_schema
 from runtime import gcpause, log, metrics, priority
 from runtime.aio import asyncio_bridge
@@ -92,6 +93,7 @@ async def run_control_plane(
     dispatch_send, dispatch_recv = trio.open_memory_channel[DispatcherInbox](1024)
     placer_roles_send, placer_roles_recv = trio.open_memory_channel[RoleChange](16)
     reconciler_roles_send, reconciler_roles_recv = trio.open_memory_channel[RoleChange](16)
+    scheduler_roles_send, scheduler_roles_recv = trio.open_memory_channel[RoleChange](16)
 
     client_tls = None if settings.tls is None else ClientTls(settings.tls)
     # Who this replica is and where it listens: the same for every actor that serves.
@@ -145,6 +147,7 @@ async def run_control_plane(
             subscribers=[
                 CrossLoopSender(placer_roles_send, main_token, "placer roles"),
                 CrossLoopSender(reconciler_roles_send, main_token, "reconciler roles"),
+                CrossLoopSender(scheduler_roles_send, main_token, "scheduler roles"),
             ],
             main_loop_silent_s=lambda: time.monotonic() - main_lag.last_wake_monotonic,
         )
@@ -186,6 +189,14 @@ async def run_control_plane(
         ),
         **decider(reconciler_roles_recv),
     )
+    scheduler = Scheduler(
+        store=PgSchedulerStore(
+            **store_named("scheduler"), statement_timeout_s=settings.reconciler.read_statement_timeout_s
+        ),
+        role=RoleView(changes=scheduler_roles_recv, lease_inbox=lease_send),
+        ledger=ledger_send,
+        max_rows_per_fenced_write=settings.ledger.max_rows_per_fenced_write,
+    )
     watch = DatabaseWatch(
         settings=settings.database_watch,
         store=PgWatchStore(
@@ -200,6 +211,7 @@ async def run_control_plane(
         ("lease", partial(run_on_own_loop, lease_loop, lease_actor)),
         ("placer", placer.run),
         ("reconciler", reconciler.run),
+        ("scheduler", scheduler.run),
         ("database watch", watch.run),
     ]
     if console is not None:
@@ -220,6 +232,7 @@ async def run_control_plane(
         with trio.CancelScope(shield=True):
             await placer.store.close()
             await reconciler.store.close()
+            await scheduler.store.close()
 
 
 def _send_or_drop(channel: trio.MemorySendChannel[LeaseInbox], message: LeaseInbox) -> None:

@@ -20,10 +20,10 @@ import trio
 
 from actors import queries
 from actors.heartbeat_policy import HeartbeatCost, HeartbeatPolicy, default_policy
-from actors.ingest_accounts import AccountHandlers
 from actors.ingest_gate import open_pool
 from actors.ingest_jobs import reads_env_values
 from actors.ingest_replies import status_reply
+from actors.ingest_schedules import ScheduleHandlers
 from actors.logs import LogRelay, check_read_job_logs, log_source
 from protocol import pb
 from protocol.wire import Encoded
@@ -40,7 +40,7 @@ __all__ = ["ControlPlaneService", "Ingest"]
 
 
 @attrs.define
-class ControlPlaneService(AccountHandlers):
+class ControlPlaneService(ScheduleHandlers):
     """The RPC handlers (trio coroutines), served through :func:`runtime.aio.trio_service`,
     built with the fields of :class:`actors.ingest_gate.AdmittedService`."""
 
@@ -119,6 +119,11 @@ CONTROL_PLANE_ACCESS = {
     "set_account": (OPERATOR,),
     "get_account": (OPERATOR, VIEWER, USER),
     "list_accounts": (OPERATOR, VIEWER, USER),
+    "add_schedule": (OPERATOR, USER),
+    "list_schedules": (OPERATOR, VIEWER, USER),
+    "pause_schedule": (OPERATOR, USER),
+    "resume_schedule": (OPERATOR, USER),
+    "remove_schedule": (OPERATOR, USER),
 }
 """Who may call each ControlPlane RPC over mutual TLS (docs/accounts.md); a worker speaks only for
 itself (the handlers check that its certificate names the ``worker_id`` it sends), and a user, or

@@ -26,10 +26,12 @@ from actors.messages import (
     EndOrphanedAssignments,
     EndPreemptedAssignments,
     EpochSuperseded,
+    FireScheduleSlots,
     LeaseInbox,
     LedgerInbox,
     PreemptAssignments,
     ReconcileResult,
+    RecordedSlot,
     RecordWorkerHealth,
     SetHeartbeatPolicy,
     SettledJobs,
@@ -76,6 +78,8 @@ def decision_log_keys(message: LedgerInbox) -> dict[str, Any]:
             return {"job_ids": [*release, *(job_id for job_id, _ in cancel)]}
         case RecordWorkerHealth(changes=changes):
             return {"worker_ids": [worker_id for worker_id, *_ in changes]}
+        case FireScheduleSlots(firings=firings):
+            return {"schedule_ids": [f.schedule_id for f in firings]}
         case _:
             return {}
 
@@ -158,6 +162,9 @@ class Ledger:
                 return f"record the health of {len(changes)} workers", len(changes), "changes"
             case SetHeartbeatPolicy():
                 return "set the heartbeat interval", 1, "policy"
+            case FireScheduleSlots(firings=firings):
+                rows = sum(len(f.decisions) + len(f.cancel_job_ids) for f in firings)
+                return f"record {rows} schedule slots", rows, "firings"
 
     async def _handle(self, message: LedgerInbox) -> None:
         reply: Reply[Any] = message.reply
@@ -476,3 +483,29 @@ class Ledger:
             p.cpu_per_heartbeat_us,
             p.reason,
         )
+
+    async def _fire_schedule_slots(
+        self, conn: PgConnection, message: FireScheduleSlots
+    ) -> tuple[RecordedSlot, ...]:
+        recorded: list[RecordedSlot] = []
+        for firing in message.firings:
+            decisions = firing.decisions
+            rows = await conn.fetch(
+                queries.FIRE_SCHEDULE_SLOTS,
+                firing.schedule_id,
+                firing.slots_through,
+                [d.slot_at for d in decisions],
+                [d.fire for d in decisions],
+                [d.reason for d in decisions],
+                message.epoch,
+                list(firing.cancel_job_ids),
+            )
+            recorded += (
+                RecordedSlot(
+                    schedule_id=firing.schedule_id,
+                    slot_at=r["slot_at"],
+                    job_id=None if r["job_id"] is None else int(r["job_id"]),
+                )
+                for r in rows
+            )
+        return tuple(recorded)

@@ -9,9 +9,12 @@ ledger's ``max_rows_per_fenced_write`` (nothing is written).
 
 from __future__ import annotations
 
+import datetime as dt
+
 import attrs
 
 from actors.heartbeat_policy import HeartbeatPolicy
+from actors.schedule_plan import ScheduleFiring
 from runtime.jobs import JobSpec
 from runtime.reply import Reply
 
@@ -244,6 +247,26 @@ class SetHeartbeatPolicy:
     reply: Reply[None]
 
 
+@attrs.frozen(kw_only=True)
+class RecordedSlot:
+    """A slot a firing recorded: ``job_id`` the job it fired, None when skipped."""
+
+    schedule_id: int
+    slot_at: dt.datetime
+    job_id: int | None
+
+
+@attrs.frozen(kw_only=True)
+class FireScheduleSlots:
+    """Under ``epoch``: record each firing's slots once, inserting one job per fired slot in the
+    same transaction (``queries.FIRE_SCHEDULE_SLOTS``); a firing whose schedule changed since it
+    was read records nothing. The reply lists the slots recorded."""
+
+    epoch: int
+    firings: tuple[ScheduleFiring, ...]
+    reply: Reply[tuple[RecordedSlot, ...]]
+
+
 LedgerInbox = (
     CommitPlacements
     | DeclareDeadWorkers
@@ -255,6 +278,7 @@ LedgerInbox = (
     | EndPreemptedAssignments
     | RecordWorkerHealth
     | SetHeartbeatPolicy
+    | FireScheduleSlots
 )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from actors.schedule_plan import MAX_SLOTS_PER_PASS
 from runtime import accounts as _accounts
 from runtime import identifiers
 from runtime.checks import check_int_between as _int_between
@@ -41,6 +42,14 @@ from runtime.jobs import (
     MAX_TIMEOUT_S,
     MAX_WORKDIR_BYTES,
     MIN_TIMEOUT_S,
+)
+from runtime.schedules import (
+    CRON_HORIZON_YEARS,
+    MAX_CATCH_UP_SLOTS,
+    MAX_CRON_BYTES,
+    MAX_STARTING_DEADLINE_S,
+    MAX_TZ_BYTES,
+    MIN_STARTING_DEADLINE_S,
 )
 from runtime.settings import agent as agent_settings
 from runtime.validation import (
@@ -361,6 +370,29 @@ LIMITS = (
         "a Cancel's grace (a preemption's): CancelRequest `grace_ms`",
         f"0 to {_n(MAX_CANCEL_GRACE_MS)} ms (ten minutes); 0: the worker's own `stop_grace_s`",
         ("MAX_CANCEL_GRACE_MS",),
+    ),
+    Limit(
+        "a schedule's `cron` (`stockade schedule add --cron`)",
+        f"at most {_n(MAX_CRON_BYTES)} bytes; 5 fields, 6 with a leading second field, or an @alias; "
+        f"must name a time within {CRON_HORIZON_YEARS} years (`CRON_HORIZON_YEARS`)",
+        ("MAX_CRON_BYTES",),
+    ),
+    Limit(
+        "a schedule's `tz` (`--tz`)",
+        f"an IANA time zone name of 1 to {_n(MAX_TZ_BYTES)} bytes",
+        ("MAX_TZ_BYTES",),
+    ),
+    Limit(
+        "a schedule's `starting_deadline_s` (`--starting-deadline-s`)",
+        f"{MIN_STARTING_DEADLINE_S} to {_n(MAX_STARTING_DEADLINE_S)} seconds (one week); 0: 60",
+        ("MAX_STARTING_DEADLINE_S",),
+    ),
+    Limit(
+        "a schedule's catch-up after an outage",
+        f"at most {_n(MAX_CATCH_UP_SLOTS)} slots within `starting_deadline_s` fire per pass (the newest); "
+        f"older ones are recorded skipped; a pass decides at most {_n(MAX_SLOTS_PER_PASS)} slots of a "
+        "schedule (the rest wait for the next passes)",
+        ("MAX_CATCH_UP_SLOTS", "MAX_SLOTS_PER_PASS"),
     ),
 )
 """Every limit of this module, in the order of ``docs/limits.md``'s table (:func:`limits_table`)."""

@@ -23,6 +23,8 @@ from ops import checker, faults
 from ops.chaosresult import (
     CHAOS_PREEMPT_COOLDOWN_S,
     CHAOS_PREEMPT_GRACE_S,
+    CHAOS_SCHEDULE_DEADLINE_S,
+    CHAOS_SCHEDULE_NAME,
     FAILING_MAX_ATTEMPTS,
     HIGH_PRIORITY,
     HIGH_PRIORITY_EVERY,
@@ -121,6 +123,7 @@ class Harness:
         client = ControlPlaneClient(addresses, timeout_s=1.0, tls=self.cluster.config().client_tls)
         try:
             with recording_aborts(self.result.errors):
+                await self._add_schedule(client)
                 async with trio.open_nursery() as nursery:
                     stop_submitting = trio.Event()
                     nursery.start_soon(self._submit, addresses, stop_submitting)
@@ -163,6 +166,7 @@ class Harness:
                             await trio.sleep(0.1)
                         await trio.sleep(3.0)
                     stop_submitting.set()
+                await self._pause_schedule(client)
                 await self._wait_finished(client)
         finally:
             client.close()
@@ -428,6 +432,45 @@ class Harness:
                 pass  # no replica answered this once (one may be frozen): try the next
             next_at += interval
             await trio.sleep_until(max(next_at, trio.current_time()))
+
+    async def _add_schedule(self, client: ControlPlaneClient) -> None:
+        """Add the run's schedule (``schedule_every_s``), unless 0."""
+        every_s = self.settings.schedule_every_s
+        if every_s <= 0:
+            return
+        job = pb.JobSpec(
+            name=CHAOS_SCHEDULE_NAME, cpu_millis=100, memory_mb=64, sleep=pb.SleepRuntime(duration_ms=300)
+        )
+        spec = pb.ScheduleSpec(
+            name=CHAOS_SCHEDULE_NAME,
+            cron=f"*/{every_s} * * * * *",
+            tz="Europe/Berlin",
+            job=job,
+            starting_deadline_s=CHAOS_SCHEDULE_DEADLINE_S,
+        )
+        key = f"chaos-schedule-{self.settings.seed}"
+        try:
+            await client.call("add_schedule", pb.AddScheduleRequest(spec=spec, idempotency_key=key))
+        except StockadeError as exc:
+            raise FaultError(f"the chaos schedule could not be added: {exc}") from exc
+
+    async def _pause_schedule(self, client: ControlPlaneClient) -> None:
+        """Pause the run's schedule once a leader has had time to catch its slots up (the
+        checker judges its slots up to the pause), so that its jobs end too."""
+        if self.settings.schedule_every_s <= 0:
+            return
+        await self.leader(client)
+        await trio.sleep(2.0 + self.settings.schedule_every_s)
+        request = pb.ScheduleNameRequest(
+            name=CHAOS_SCHEDULE_NAME, idempotency_key=f"chaos-pause-{self.settings.seed}"
+        )
+        for _ in range(20):
+            try:
+                await client.call("pause_schedule", request)
+                return
+            except StockadeError:
+                await trio.sleep(0.5)  # no replica answered (one may be frozen): again
+        raise FaultError("the chaos schedule could not be paused")
 
     async def _wait_finished(self, client: ControlPlaneClient) -> None:
         self.progress("injections done; waiting for every job to finish")

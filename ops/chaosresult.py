@@ -31,6 +31,12 @@ FAILING_MAX_ATTEMPTS = 2
 """Runs of a job a chaos run makes to fail (:attr:`ChaosSettings.failing_share`): one retry."""
 
 
+CHAOS_SCHEDULE_NAME = "chaos-tick"
+CHAOS_SCHEDULE_DEADLINE_S = 30
+"""The chaos schedule's starting deadline: a slot missed during a takeover (a few seconds) still
+fires; one missed longer (a database outage) is recorded missed."""
+
+
 @attrs.frozen(kw_only=True)
 class ChaosSettings:
     """One chaos run. Durations in seconds."""
@@ -86,6 +92,10 @@ class ChaosSettings:
     accounts: int = 1
     """User accounts the jobs are submitted by, round-robin (chaos-1, chaos-2, ...; weights 1, 2,
     3 in turn; max_priority :data:`HIGH_PRIORITY`); 1: every job is the operator's."""
+    schedule_every_s: int = 2
+    """A schedule firing a short sleep job every this many seconds (6-field cron ``*/N * * * *
+    *``, a starting deadline of :data:`CHAOS_SCHEDULE_DEADLINE_S`) runs through the run and is
+    paused at its end; the checker proves each of its slots was recorded once (0: none)."""
     preemption: bool = False
     """Run the control planes with preemption on (``--preemption``, a grace of
     :data:`CHAOS_PREEMPT_GRACE_S`, a cooldown of :data:`CHAOS_PREEMPT_COOLDOWN_S`); every
@@ -176,6 +186,9 @@ class ChaosResult:
                 "jobs_killed_by_outage",
                 "acknowledged_submissions_lost",
                 "wrong_final_states",
+                "schedule_slots_fired",
+                "schedule_slots_skipped",
+                "schedule_slot_errors",
             )
         }
         recoveries = self.placement_recoveries_s

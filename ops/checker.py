@@ -64,6 +64,37 @@ class AssignmentRecord:
 
 
 @attrs.frozen(kw_only=True)
+class ScheduleRecord:
+    """One schedule as the checker judges it; times in Unix seconds."""
+
+    schedule_id: int
+    name: str
+    cron: str
+    tz: str
+    created_at: float
+    slots_through: float
+    """Its cursor: every slot at or before it must be recorded."""
+    ended_at: float
+    """The end of the window judged: its last pause (audit_log), else the database's now."""
+
+
+@attrs.frozen(kw_only=True)
+class SlotRecord:
+    """One row of ``schedule_slots``; ``slot_at`` in Unix seconds, ``job_id`` None when skipped."""
+
+    schedule_id: int
+    slot_at: float
+    outcome: str
+    reason: str
+    job_id: int | None
+
+
+SCHEDULE_SLACK_S = 5.0
+"""How far a schedule's cursor may lag the end of the judged window (the last pass, a takeover
+in progress) before the slots after it count as never recorded."""
+
+
+@attrs.frozen(kw_only=True)
 class DeathRecord:
     """One dead-worker declaration."""
 
@@ -94,6 +125,8 @@ class History:
     job_attempts: dict[int, tuple[int, int]] = attrs.field(factory=dict)
     """Job id -> (attempts it spent, its max_attempts), from ``jobs.failures`` and
     ``jobs.max_attempts``."""
+    schedules: tuple[ScheduleRecord, ...] = ()
+    schedule_slots: tuple[SlotRecord, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -186,6 +219,14 @@ class CheckReport:
     preemptions: int = 0
     """Assignments a preemption ended (stopped, ``preempted``): counted, not judged; a preempted
     run followed by a new run of its job is not a double run (:func:`ops.invariants.double_runs`)."""
+    schedule_slots_fired: int = 0
+    """Slots of schedules recorded fired, each with its one job (counted)."""
+    schedule_slots_skipped: int = 0
+    """Slots recorded skipped, each with its reason (counted)."""
+    schedule_slot_errors: int = 0
+    """Slots of a schedule between its creation and the end of the run not recorded exactly once
+    (:func:`ops.invariants.schedule_slot_errors`): missing, not a slot of its cron, fired with no
+    job, skipped with no reason, or left unrecorded behind a stalled cursor."""
     finish_required: bool = True
     """Whether an unfinished job fails the check (the caller waited for every job); False: a look
     at a cluster that may still be running some, which reports them as running."""
@@ -200,6 +241,7 @@ class CheckReport:
             and self.jobs_killed_by_outage == 0
             and self.acknowledged_submissions_lost == 0
             and self.wrong_final_states == 0
+            and self.schedule_slot_errors == 0
             and (not self.unfinished_job_ids or not self.finish_required)
         )
 
@@ -237,6 +279,9 @@ class CheckReport:
             "jobs_killed_by_outage": self.jobs_killed_by_outage,
             "acknowledged_submissions_lost": self.acknowledged_submissions_lost,
             "wrong_final_states": self.wrong_final_states,
+            "schedule_slots_fired": self.schedule_slots_fired,
+            "schedule_slots_skipped": self.schedule_slots_skipped,
+            "schedule_slot_errors": self.schedule_slot_errors,
             "details": list(self.details),
             "ok": self.ok,
         }
@@ -267,6 +312,18 @@ def report_rows(report: CheckReport) -> list[VerdictRow]:
             report.acknowledged_submissions_lost == 0,
         ),
         ("wrong_final_states", str(report.wrong_final_states), report.wrong_final_states == 0),
+        (
+            "schedule slots fired / skipped / errors",
+            " / ".join(
+                str(n)
+                for n in (
+                    report.schedule_slots_fired,
+                    report.schedule_slots_skipped,
+                    report.schedule_slot_errors,
+                )
+            ),
+            report.schedule_slot_errors == 0,
+        ),
         ("stale_writes_rejected", str(report.stale_writes_rejected), None),
         (
             "elections / worker_deaths / pauses / self_fences",
@@ -505,6 +562,26 @@ SELECT c.id, c.dependency, s.state AS dependency_state
 """
 """Jobs cancelled for a dependency, with the state of that dependency as a dependency (an
 array's id: the whole array's, ``dependency_states`` in schema.sql)."""
+SCHEDULE_HISTORY = """
+SELECT s.id AS schedule_id, s.name, s.cron, s.tz, extract(epoch FROM s.created_at)::float8 AS created_at,
+       extract(epoch FROM s.slots_through)::float8 AS slots_through,
+       extract(epoch FROM CASE WHEN s.paused
+                               THEN coalesce((SELECT max(a.at) FROM audit_log a
+                                               WHERE a.action = 'schedule_pause'
+                                                 AND a.target_ids @> to_jsonb(ARRAY[s.id])),
+                                             s.slots_through)
+                               ELSE now() END)::float8 AS ended_at
+  FROM schedules s
+ WHERE NOT EXISTS (SELECT FROM audit_log a WHERE a.action = 'schedule_resume'
+                                             AND a.target_ids @> to_jsonb(ARRAY[s.id]))
+ ORDER BY s.id
+"""
+"""Every schedule never resumed (a resumed one's pause is a gap the checker does not judge),
+with the end of its window: its pause, else now."""
+SLOT_HISTORY = """
+SELECT schedule_id, extract(epoch FROM slot_at)::float8 AS slot_at, outcome, reason, job_id
+  FROM schedule_slots ORDER BY schedule_id, slot_at
+"""
 
 
 @contextlib.asynccontextmanager
@@ -566,7 +643,11 @@ async def load_history(database_url: str) -> History:
         elections = int(await conn.fetchval(ELECTIONS))
         leaves = int(await conn.fetchval(LEAVES))
         dependency_cancels = await conn.fetch(DEPENDENCY_CANCELS)
+        schedules = await conn.fetch(SCHEDULE_HISTORY)
+        slots = await conn.fetch(SLOT_HISTORY)
     return History(
+        schedules=tuple(ScheduleRecord(**dict(r)) for r in schedules),
+        schedule_slots=tuple(SlotRecord(**dict(r)) for r in slots),
         assignments=tuple(AssignmentRecord(**dict(r)) for r in rows),
         deaths=tuple(DeathRecord(**dict(r)) for r in deaths),
         job_states={r["id"]: r["state"] for r in jobs},

@@ -17,14 +17,78 @@ from ops.checker import (
     OUTAGE_KINDS,
     OUTAGE_SLACK_S,
     REPORT_SLACK_S,
+    SCHEDULE_SLACK_S,
     AssignmentRecord,
     CheckReport,
     DeathRecord,
     FaultEvent,
     History,
     Run,
+    ScheduleRecord,
+    SlotRecord,
     kill_times,
 )
+
+
+def schedule_slot_errors(
+    schedules: Sequence[ScheduleRecord], slots: Sequence[SlotRecord], job_states: Mapping[int, str]
+) -> list[str]:
+    """What breaks "each slot of a schedule between its creation and the end of its window is
+    recorded exactly once, a fired one with exactly one job", one line each: a slot of the cron
+    at or before the cursor with no record; a record that is no slot of the cron in the window
+    (or is recorded twice); a fired slot whose job the database does not have; a skipped slot
+    with no reason; slots more than :data:`SCHEDULE_SLACK_S` before the window's end left
+    behind the cursor (a schedule that stopped firing). Slots are computed as the scheduler
+    computes them (:mod:`runtime.schedules`); times are compared to the millisecond."""
+    import datetime as dt
+
+    from runtime.schedules import parse_cron, slots_between, zone
+
+    def ms(t: float) -> int:
+        return round(t * 1000)
+
+    by_schedule: dict[int, list[SlotRecord]] = defaultdict(list)
+    for slot in slots:
+        by_schedule[slot.schedule_id].append(slot)
+    found: list[str] = []
+    for schedule in schedules:
+        name = f"schedule {schedule.name} ({schedule.schedule_id})"
+        start = dt.datetime.fromtimestamp(schedule.created_at, dt.UTC)
+        end = dt.datetime.fromtimestamp(schedule.ended_at, dt.UTC)
+        expected = [
+            ms(s.timestamp())
+            for s in slots_between(parse_cron(schedule.cron), zone(schedule.tz), start, end, limit=10**7)
+        ]
+        recorded = [ms(s.slot_at) for s in by_schedule.pop(schedule.schedule_id, [])]
+        counts: dict[int, int] = defaultdict(int)
+        for at in recorded:
+            counts[at] += 1
+        for at, n in counts.items():
+            if n > 1:
+                found.append(f"{name}: slot {at / 1000:.3f} recorded {n} times")
+        known = set(expected)
+        found += [
+            f"{name}: slot {at / 1000:.3f} recorded but no slot of {schedule.cron!r} in its window"
+            for at in sorted(counts)
+            if at not in known
+        ]
+        through, lag_end = ms(schedule.slots_through), ms(schedule.ended_at - SCHEDULE_SLACK_S)
+        missing = [at for at in expected if at <= through and at not in counts]
+        found += [f"{name}: slot {at / 1000:.3f} never recorded" for at in missing]
+        stalled = [at for at in expected if through < at <= lag_end]
+        if stalled:
+            found.append(
+                f"{name}: {len(stalled)} slots from {stalled[0] / 1000:.3f} never recorded (its cursor "
+                f"stopped at {through / 1000:.3f}, the window ended at {schedule.ended_at:.3f})"
+            )
+    for slot in slots:
+        if slot.outcome == "fired" and (slot.job_id is None or slot.job_id not in job_states):
+            found.append(
+                f"schedule {slot.schedule_id}: slot {slot.slot_at:.3f} fired, but its job is missing"
+            )
+        if slot.outcome == "skipped" and not slot.reason:
+            found.append(f"schedule {slot.schedule_id}: slot {slot.slot_at:.3f} skipped with no reason")
+    return found
 
 
 def _overlap(a_start: float, a_end: float, b_start: float, b_end: float) -> bool:
@@ -282,6 +346,7 @@ def check(
     thrown_away = lost_successes(runs, history.assignments, faults, history.job_states)
     outage_kills = killed_by_outage(runs, faults)
     wrong_states = wrong_final_states(history, expected_final_states)
+    slot_errors = schedule_slot_errors(history.schedules, history.schedule_slots, history.job_states)
     lost_ids = sorted(set(acknowledged_job_ids) - set(history.job_states))
     finished = {j for j, s in history.job_states.items() if s in ("succeeded", "failed", "cancelled")}
     unfinished = tuple(sorted(set(history.job_states) - finished))
@@ -292,6 +357,7 @@ def check(
         *thrown_away.values(),
         *outage_kills,
         *wrong_states.values(),
+        *slot_errors,
         *(f"job {j} was acknowledged to its client but is not in the database" for j in lost_ids),
     ]
     if unfinished:
@@ -324,6 +390,9 @@ def check(
         jobs_killed_by_outage=len(outage_kills),
         acknowledged_submissions_lost=len(lost_ids),
         wrong_final_states=len(wrong_states),
+        schedule_slots_fired=sum(1 for s in history.schedule_slots if s.outcome == "fired"),
+        schedule_slots_skipped=sum(1 for s in history.schedule_slots if s.outcome == "skipped"),
+        schedule_slot_errors=len(slot_errors),
         unfinished_states=unfinished_states,
         finish_required=finish_required,
     )

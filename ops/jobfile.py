@@ -6,11 +6,17 @@ top level); a ``status`` table (``stockade job ID --json``'s) is ignored. TOML, 
 every value goes through :meth:`runtime.jobs.JobSpec.check`, and an error names the file, line
 and field (``jobs.toml:7: max_attempts must be between 1 and 100, got 0``). A file is refused
 whole, before anything is sent, when it is too large, not UTF-8, nested too deep, names an
-unknown field, or holds too many jobs. Plain Python (no typer, no rich).
+unknown field, or holds too many jobs. A top-level ``schedules`` list adds periodic jobs
+(docs/schedules.md), each a table of ``name``, ``cron``, ``tz``, ``concurrency_policy``,
+``starting_deadline_s`` and ``job`` (a job's table, without ``after`` or ``array``), checked as
+the control plane checks them (:func:`read_schedules`); a file may hold schedules only. Plain
+Python (no typer, no rich).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import os
 import re
 import tomllib
@@ -34,9 +40,28 @@ JOBS_KEY = "job"
 FORMATS = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml", ".json": "yaml"}
 """A file's format by its suffix (JSON is read as YAML, of which it is a subset)."""
 
+SCHEDULES_KEY = "schedules"
+"""The list of schedules in a file."""
+SCHEDULE_FIELDS = ("name", "cron", "tz", "concurrency_policy", "starting_deadline_s", "job")
+"""The fields of a schedule's table (``job``: the job each slot fires)."""
+MAX_FILE_SCHEDULES = 100
+"""Most schedules of one file."""
+
 Path_ = tuple[str | int, ...]
 """Where a value sits in one job: ``()`` the job, ``("env",)`` a field, ``("env", "HOME")`` or
 ``("constraints", 2)`` a part of one."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FileSchedule:
+    """A schedule of a job file, checked (:func:`read_schedules`)."""
+
+    name: str
+    cron: str
+    tz: str
+    concurrency_policy: str
+    starting_deadline_s: int
+    job: JobSpec
 
 
 class JobFileError(InvalidArgument):
@@ -116,14 +141,35 @@ def read_job_file_placed(
     Raises:
         JobFileError: as :func:`read_job_file`.
     """
+    return _placed(*_source(path, text_format))
+
+
+def read_job_file_and_schedules(
+    path: Path | str, *, text_format: str | None = None
+) -> tuple[list[JobSpec], Callable[[int, str], str], list[FileSchedule]]:
+    """:func:`read_job_file_placed` and :func:`read_schedules` of one reading of the file (so
+    ``-``, standard input, is read once).
+
+    Raises:
+        JobFileError: as those two.
+    """
+    source = _source(path, text_format)
+    specs, where = _placed(*source)
+    return specs, where, _schedules_of(*source)
+
+
+def _source(path: Path | str, text_format: str | None) -> tuple[str, str, str]:
+    """The file as shown, its format (``toml`` or ``yaml``) and its text."""
     shown = str(path)
     fmt = text_format or FORMATS.get(Path(shown).suffix.lower()) or ("yaml" if shown == "-" else None)
     if fmt not in ("toml", "yaml"):
         raise JobFileError(
             shown, f"a job file must end in {', '.join(FORMATS)} (or give --format toml|yaml)", value=shown
         )
-    data = _read_bytes(shown)
-    text = _decode(shown, data)
+    return shown, fmt, _decode(shown, _read_bytes(shown))
+
+
+def _placed(shown: str, fmt: str, text: str) -> tuple[list[JobSpec], Callable[[int, str], str]]:
     kind = "JSON" if Path(shown).suffix.lower() == ".json" else "YAML"
     jobs, lines = _parse_toml(shown, text) if fmt == "toml" else _parse_yaml(shown, text, kind)
 
@@ -131,6 +177,138 @@ def read_job_file_placed(
         return where_of(shown, lines, job, (field,))
 
     return _specs(shown, jobs, lines), where
+
+
+def read_schedules(path: Path | str, *, text_format: str | None = None) -> list[FileSchedule]:
+    """The schedules of a job file's top-level ``schedules`` list (none: an empty list), each
+    checked: its own fields as :func:`runtime.schedules.check_schedule` (the cron must name a
+    time within 5 years of now), its job as a job's, without ``after`` or ``array``.
+
+    Raises:
+        JobFileError: the file cannot be read or parsed (as :func:`read_job_file`), or a
+            schedule breaks a rule; the message names the file and, where known, the line.
+    """
+    return _schedules_of(*_source(path, text_format))
+
+
+def _schedules_of(shown: str, fmt: str, text: str) -> list[FileSchedule]:
+    document, line_of = _document(shown, fmt, text)
+    if not isinstance(document, dict) or SCHEDULES_KEY not in document:
+        return []
+
+    def where(path: Path_ = ()) -> str:
+        line = line_of((SCHEDULES_KEY, *path))
+        return shown if line is None else f"{shown}:{line}"
+
+    tables = document[SCHEDULES_KEY]
+    if isinstance(tables, dict):
+        tables = [tables]
+    if not isinstance(tables, list) or not tables:
+        raise JobFileError(where(), f"{SCHEDULES_KEY!r} must be a list of schedules (tables)")
+    if len(tables) > MAX_FILE_SCHEDULES:
+        raise JobFileError(
+            where(),
+            f"a job file must hold at most {MAX_FILE_SCHEDULES} schedules, this one has {len(tables)}",
+        )
+    from runtime.schedules import check_schedule
+
+    found: list[FileSchedule] = []
+    now = dt.datetime.now(dt.UTC)
+    for index, table in enumerate(tables):
+        if not isinstance(table, dict):
+            raise JobFileError(where((index,)), f"a schedule must be a table of fields, got {table!r}"[:200])
+        unknown = [str(k) for k in table if k not in SCHEDULE_FIELDS]
+        if unknown:
+            raise JobFileError(where((index, unknown[0])), unknown_fields_message(unknown, SCHEDULE_FIELDS))
+        job_table = table.get("job")
+        if not isinstance(job_table, dict):
+            raise JobFileError(
+                where((index, "job") if "job" in table else (index,)),
+                "job must be a table of a job's fields (the job each slot fires)",
+                field="job",
+                value=job_table,
+            )
+        for forbidden in ("after", "array"):
+            if job_table.get(forbidden):
+                raise JobFileError(
+                    where((index, "job", forbidden)),
+                    f"job.{forbidden} must be empty for a schedule's job",
+                    field=f"job.{forbidden}",
+                    value=job_table[forbidden],
+                )
+        try:
+            job = spec_of_table(job_table)
+        except InvalidArgument as exc:
+            placed = where((index, "job", *_error_path(exc)))
+            raise JobFileError(placed, str(exc), field=exc.field, value=exc.value) from None
+        deadline = table.get("starting_deadline_s", 0)
+        try:
+            if isinstance(deadline, bool) or not isinstance(deadline, int):
+                raise InvalidArgument("starting_deadline_s", deadline, "must be an integer (seconds)")
+            for text_field in ("name", "cron", "tz", "concurrency_policy"):
+                value = table.get(text_field, "UTC" if text_field == "tz" else "")
+                if not isinstance(value, str):
+                    raise InvalidArgument(text_field, value, "must be text")
+            rules = check_schedule(
+                name=table.get("name", ""),
+                cron=table.get("cron", ""),
+                tz=table.get("tz", "UTC"),
+                concurrency_policy=table.get("concurrency_policy", ""),
+                starting_deadline_s=deadline,
+                now=now,
+            )
+        except InvalidArgument as exc:
+            raise JobFileError(
+                where((index, exc.field)), str(exc), field=exc.field, value=exc.value
+            ) from None
+        found.append(
+            FileSchedule(
+                name=rules.name,
+                cron=rules.cron.expression,
+                tz=rules.tz,
+                concurrency_policy=rules.concurrency_policy,
+                starting_deadline_s=rules.starting_deadline_s,
+                job=job,
+            )
+        )
+    return found
+
+
+def _document(shown: str, fmt: str, text: str) -> tuple[Any, Callable[[Path_], int | None]]:
+    """The parsed document, and the line of a value by its path from the document's root (None:
+    not known; TOML: the ``[[schedules]]`` headers and their keys)."""
+    if fmt == "toml":
+        return _toml_document(shown, text), _toml_schedule_lines(text).get
+    document, marks = _yaml_document(shown, text, "JSON" if Path(shown).suffix.lower() == ".json" else "YAML")
+    return document, marks.get
+
+
+def _toml_schedule_lines(text: str) -> dict[Path_, int]:
+    """Where each schedule's fields are in a TOML text: each ``[[schedules]]`` header, its
+    ``key =`` lines, and those of its ``[schedules.job]`` (and deeper) tables."""
+    lines: dict[Path_, int] = {}
+    index = -1
+    section: tuple[str, ...] | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = _TOML_HEADER.match(line)
+        if header is not None:
+            names = tuple(part.strip().strip("\"'") for part in header[2].split("."))
+            if header[1] == "[[" and names == (SCHEDULES_KEY,):
+                index += 1
+                section = ()
+                lines.setdefault((SCHEDULES_KEY, index), number)
+            elif names[:1] == (SCHEDULES_KEY,) and index >= 0:
+                section = names[1:]
+                lines.setdefault((SCHEDULES_KEY, index, *section[:1]), number)
+            else:
+                section = None
+            continue
+        key = _TOML_KEY.match(line)
+        if key is None or section is None:
+            continue
+        name = key[1] if key[1] is not None else key[2] if key[2] is not None else key[3]
+        lines.setdefault((SCHEDULES_KEY, index, *section[:1], name), number)
+    return lines
 
 
 def _read_bytes(shown: str) -> bytes:
@@ -266,6 +444,25 @@ _TOML_KEY = re.compile(r"\s*(?:\"([^\"]*)\"|'([^']*)'|([A-Za-z0-9_-]+))\s*(?:\.|
 
 
 def _parse_toml(shown: str, text: str) -> tuple[list[Any], _Lines]:
+    document = _toml_document(shown, text)
+    lines = _toml_lines(text)
+    document, schedules_only = _without_schedules(document)
+    if schedules_only:
+        return [], lines
+    tables, _ = _jobs_of(shown, document, lambda path: lines.line(0, path))
+    return tables, lines
+
+
+def _without_schedules(document: Any) -> tuple[Any, bool]:
+    """The document without its ``schedules`` list, and whether that leaves no job at all (a
+    file of schedules only)."""
+    if not isinstance(document, dict) or SCHEDULES_KEY not in document:
+        return document, False
+    rest = {k: v for k, v in document.items() if k != SCHEDULES_KEY}
+    return rest, not rest
+
+
+def _toml_document(shown: str, text: str) -> Any:
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -276,9 +473,7 @@ def _parse_toml(shown: str, text: str) -> tuple[list[Any], _Lines]:
         raise JobFileError(shown, _TOO_DEEP) from None
     if _depth(document) > MAX_NESTING:
         raise JobFileError(shown, _TOO_DEEP)
-    lines = _toml_lines(text)
-    tables, _ = _jobs_of(shown, document, lambda path: lines.line(0, path))
-    return tables, lines
+    return document
 
 
 def _toml_lines(text: str) -> _Lines:
@@ -336,6 +531,22 @@ def _yaml_loader() -> type:
 
 def _parse_yaml(shown: str, text: str, kind: str = "YAML") -> tuple[list[Any], _Lines]:
     """Parse YAML, or JSON (a subset of YAML: ``kind`` names it in errors)."""
+    document, marks = _yaml_document(shown, text, kind)
+    document, schedules_only = _without_schedules(document)
+    if schedules_only:
+        return [], _Lines()
+    tables, base = _jobs_of(shown, document, lambda path: marks.get(path, marks.get(())))
+    lines = _Lines()
+    for index in range(len(tables)):
+        prefix = (*base[:-1], index) if base and isinstance(base[-1], int) else base
+        for path, line in marks.items():
+            if path[: len(prefix)] == prefix:
+                lines.set(index, path[len(prefix) :], line)
+    return tables, lines
+
+
+def _yaml_document(shown: str, text: str, kind: str) -> tuple[Any, dict[Path_, int]]:
+    """The parsed YAML (or JSON) document and the line of each value by its path."""
     import yaml
 
     loader_class = _yaml_loader()
@@ -358,14 +569,7 @@ def _parse_yaml(shown: str, text: str, kind: str = "YAML") -> tuple[list[Any], _
         raise JobFileError(where, f"not {kind}: {problem}") from None
     except yaml.YAMLError as exc:
         raise JobFileError(shown, f"not {kind}: {exc}") from None
-    tables, base = _jobs_of(shown, document, lambda path: marks.get(path, marks.get(())))
-    lines = _Lines()
-    for index in range(len(tables)):
-        prefix = (*base[:-1], index) if base and isinstance(base[-1], int) else base
-        for path, line in marks.items():
-            if path[: len(prefix)] == prefix:
-                lines.set(index, path[len(prefix) :], line)
-    return tables, lines
+    return document, marks
 
 
 def _check_yaml_events(shown: str, events: Iterable[Any]) -> None:

@@ -294,6 +294,12 @@ RECONCILE_PASSES = Counter(
     "failed (the database did not answer).",
     ["outcome"],
 )
+SCHEDULE_SLOTS = Counter(
+    "stockade_schedule_slots",
+    "Slots of schedules this control plane recorded while leader, by outcome: fired (a job "
+    "inserted with it), skipped (missed past the starting deadline, forbid, superseded).",
+    ["outcome"],
+)
 CLUSTER_LIVE_WORKERS = Gauge(
     "stockade_cluster_live_workers",
     "Live workers (cordoned ones included) the leader's placer read in its last round; 0 on a standby.",

@@ -128,7 +128,10 @@ def check_worker_id(worker_id: str) -> str:
     return identifiers.check_id(worker_id, field="worker_id")
 
 
-AUDIT_ACTIONS = ("submit", "cancel", "drain", "cordon", "uncordon", "account_set")
+AUDIT_ACTIONS = (
+    *("submit", "cancel", "drain", "cordon", "uncordon", "account_set"),
+    *("schedule_add", "schedule_pause", "schedule_resume", "schedule_remove"),
+)
 """Every action the audit trail records (schema.sql, audit_log.action)."""
 
 

@@ -556,3 +556,78 @@ UPDATE workers
     params=2,
     action="drain",
 )
+
+# ---------------------------------------------------------------- schedules (docs/schedules.md)
+
+# $1 name, $2 cron, $3 tz, $4 the job template (JSON: actors/queries/jobs.py, job_template), $5
+# concurrency policy, $6 starting_deadline_s, $7 its owner (the caller's account), $8 the job's
+# priority when held to the owner's max_priority (NULL: an operator; as SUBMIT_JOB's $22); then
+# the audit's, the idempotency key and the request's sha256 (see once). The schedule's cursor
+# starts at now(): its first slot is the first after it was added. Answer: one row, id; none
+# when a schedule of that name exists (nothing stored). Refused over the owner's max_priority
+# (SK002, check_submission).
+ADD_SCHEDULE = once(
+    "add_schedule",
+    """
+INSERT INTO schedules (name, cron, tz, job, concurrency_policy, starting_deadline_s, owner)
+SELECT $1::text, $2::text, $3::text, $4::jsonb, $5::text, $6::int, $7::text FROM fresh, capped
+ WHERE capped.ok
+    ON CONFLICT (name) DO NOTHING
+RETURNING id
+""",
+    params=8,
+    action="schedule_add",
+    steps="""capped AS (SELECT check_submission($7::text, 0, $8::bigint) AS ok FROM fresh),""",
+)
+
+# $1 name, $2 the only owner whose schedule it may change (NULL: any; another's is as none);
+# then the audit's, the idempotency key and the request's sha256 (see once). Answer: one row,
+# id (none: no such schedule). Audited only when it was not paused already.
+PAUSE_SCHEDULE = once(
+    "pause_schedule",
+    """
+UPDATE schedules s SET paused = true FROM target t WHERE s.id = t.id RETURNING s.id
+""",
+    params=2,
+    action="schedule_pause",
+    changed="EXISTS (SELECT FROM target WHERE NOT was_paused)",
+    steps="""target AS (
+    SELECT id, paused AS was_paused FROM schedules
+     WHERE name = $1::text AND ($2::text IS NULL OR owner = $2::text) AND EXISTS (SELECT FROM fresh)
+       FOR NO KEY UPDATE
+),""",
+)
+
+# As PAUSE_SCHEDULE, resuming: a paused schedule's cursor moves to now(), so the slots of its
+# pause are none of its slots (none fires late, none is recorded). Audited only when it was paused.
+RESUME_SCHEDULE = once(
+    "resume_schedule",
+    """
+UPDATE schedules s
+   SET paused = false,
+       slots_through = CASE WHEN t.was_paused THEN greatest(s.slots_through, now()) ELSE s.slots_through END
+  FROM target t WHERE s.id = t.id RETURNING s.id
+""",
+    params=2,
+    action="schedule_resume",
+    changed="EXISTS (SELECT FROM target WHERE was_paused)",
+    steps="""target AS (
+    SELECT id, paused AS was_paused FROM schedules
+     WHERE name = $1::text AND ($2::text IS NULL OR owner = $2::text) AND EXISTS (SELECT FROM fresh)
+       FOR NO KEY UPDATE
+),""",
+)
+
+# As PAUSE_SCHEDULE, removing the schedule and its slots' records (the jobs it fired stay).
+# Answer: one row, the schedule as it was (id, name, cron, tz, job, concurrency_policy,
+# starting_deadline_s, paused, owner).
+REMOVE_SCHEDULE = once(
+    "remove_schedule",
+    """
+DELETE FROM schedules
+ WHERE name = $1::text AND ($2::text IS NULL OR owner = $2::text) AND EXISTS (SELECT FROM fresh)
+RETURNING id, name, cron, tz, job, concurrency_policy, starting_deadline_s, paused, owner
+""",
+    params=2,
+    action="schedule_remove",
+)

@@ -181,3 +181,35 @@ def job_column_arrays(specs: Sequence[JobSpec]) -> tuple[list[Any], ...]:
     arrays["argv"] = [None if argv is None else json.dumps(argv) for argv in arrays["argv"]]
     arrays["after_ids"] = [json.dumps(after) for after in arrays["after_ids"]]
     return tuple(arrays.values())
+
+
+TEMPLATE_COLUMNS = (
+    *("name", "cpu_millis", "memory_mb", "priority", "runtime", "sleep_ms", "argv", "image"),
+    *("max_attempts", "retry_backoff_ms", "count_lost", "timeout_ms", "constraints", "env", "workdir"),
+)
+"""The columns of a schedule's job template (``schedules.job``), those :data:`FIRE_SCHEDULE_SLOTS`
+inserts: a spec's but its dependencies and array (a schedule's job has neither)."""
+
+
+def job_template(spec: JobSpec) -> str:
+    """``spec`` as a schedule's job template (``schedules.job``): a JSON object of
+    :data:`TEMPLATE_COLUMNS`, ``constraints`` and ``env`` as JSON values.
+
+    Raises:
+        ValueError: the spec has no runtime, or has dependencies or an array.
+    """
+    if spec.after or spec.array is not None:
+        raise ValueError(f"job {spec.name!r}: a schedule's job has no after or array")
+    columns = attrs.asdict(job_columns(spec))
+    template = {name: columns[name] for name in TEMPLATE_COLUMNS}
+    template["constraints"] = json.loads(template["constraints"])
+    template["env"] = json.loads(template["env"])
+    return json.dumps(template)
+
+
+def job_spec_of_template(template: str | Mapping[str, Any]) -> JobSpec:
+    """The spec a schedule's job template (:func:`job_template`) stores."""
+    row = dict(json.loads(template) if isinstance(template, str) else template)
+    row["constraints"] = json.dumps(row.get("constraints") or [])
+    row["env"] = json.dumps(row.get("env") or {})
+    return job_spec_of(row)

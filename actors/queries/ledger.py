@@ -394,3 +394,68 @@ ON CONFLICT (id) DO UPDATE
        workers = EXCLUDED.workers, cpu_per_heartbeat_us = EXCLUDED.cpu_per_heartbeat_us,
        reason = EXCLUDED.reason, epoch = EXCLUDED.epoch, decided_at = now()
 """
+
+# $1 schedule id, $2 its slots_through as the scheduler read it, $3 the slots decided (oldest
+# first), $4 whether each fires, $5 each skipped one's reason, $6 the epoch, $7 jobs to cancel
+# (concurrency policy replace). One schedule's slots (docs/schedules.md), each recorded once in
+# schedule_slots (its primary key the backstop, the fence the rule): a fired one with the job
+# inserted for it from the schedule's template, owned by the schedule's owner, in this same
+# statement. Nothing when the schedule is gone, paused or its cursor moved since the read (a
+# resume); else the cursor moves to the last slot. The cancel marks a job as queries.CANCEL_JOB
+# does (pending or waiting: cancelled now; assigned or running: cancel_requested, which the
+# reconciler carries out on its worker). Answer: one row per slot recorded, slot_at and job_id
+# (NULL: skipped).
+FIRE_SCHEDULE_SLOTS = """
+WITH s AS (
+    SELECT id, job, owner FROM schedules
+     WHERE id = $1::bigint AND slots_through = $2::timestamptz AND NOT paused
+       FOR NO KEY UPDATE
+),
+slots AS (
+    SELECT t.slot_at, t.fire, t.reason
+      FROM unnest($3::timestamptz[], $4::boolean[], $5::text[]) AS t(slot_at, fire, reason)
+     WHERE EXISTS (SELECT FROM s)
+),
+fired AS MATERIALIZED (
+    SELECT slot_at, nextval('jobs_id_seq') AS job_id FROM slots WHERE fire
+),
+inserted AS (
+    INSERT INTO jobs (id, name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
+                      max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env,
+                      workdir, owner)
+    SELECT f.job_id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_ms, j.argv,
+           j.image, j.max_attempts, j.retry_backoff_ms, j.count_lost, j.timeout_ms,
+           coalesce(j.constraints, '[]'), coalesce(j.env, '{}'), coalesce(j.workdir, ''), s.owner
+      FROM fired f, s,
+           jsonb_to_record(s.job) AS j(name text, cpu_millis integer, memory_mb integer,
+                                       priority integer, runtime text, sleep_ms bigint,
+                                       argv text[], image text, max_attempts integer,
+                                       retry_backoff_ms bigint, count_lost boolean,
+                                       timeout_ms bigint, constraints jsonb, env jsonb,
+                                       workdir text)
+     ORDER BY f.slot_at
+ RETURNING id
+),
+recorded AS (
+    INSERT INTO schedule_slots (schedule_id, slot_at, outcome, reason, job_id, epoch)
+    SELECT $1::bigint, t.slot_at, CASE WHEN t.fire THEN 'fired' ELSE 'skipped' END, t.reason,
+           f.job_id, $6::bigint
+      FROM slots t LEFT JOIN fired f ON f.slot_at = t.slot_at
+ RETURNING slot_at, job_id
+),
+moved AS (
+    UPDATE schedules SET slots_through = (SELECT max(slot_at) FROM slots)
+     WHERE id = $1::bigint AND EXISTS (SELECT FROM slots)
+),
+cancelled AS (
+    UPDATE jobs j
+       SET cancel_requested = j.state IN ('assigned', 'running'),
+           cancel_requested_at = coalesce(j.cancel_requested_at, now()),
+           reason = CASE WHEN j.state IN ('pending', 'waiting') THEN '' ELSE j.reason END,
+           state = CASE WHEN j.state IN ('pending', 'waiting') THEN 'cancelled' ELSE j.state END,
+           finished_at = CASE WHEN j.state IN ('pending', 'waiting') THEN now() ELSE j.finished_at END
+     WHERE j.id = ANY($7::bigint[]) AND EXISTS (SELECT FROM slots)
+       AND j.state IN ('waiting', 'pending', 'assigned', 'running')
+)
+SELECT r.slot_at, r.job_id, (SELECT count(*) FROM inserted) AS inserted FROM recorded r ORDER BY r.slot_at
+"""

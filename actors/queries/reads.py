@@ -268,3 +268,24 @@ SELECT n.name, a.cpu_millis, a.memory_mb, a.max_pending, a.max_priority,
   ) u ON true
  ORDER BY n.name
 """
+
+# $1 the only owner whose schedules it reads (NULL: any), $2 the only name (NULL: any). Each
+# schedule by name, with the database's now(), its cursor, its slots recorded (fired, skipped),
+# its last slot, the job of its last fired slot and the reason of its last skipped one
+# (docs/schedules.md).
+LIST_SCHEDULES = """
+SELECT s.id, s.name, s.cron, s.tz, s.job::text AS job, s.concurrency_policy, s.starting_deadline_s,
+       s.paused, s.owner, s.created_at, s.slots_through, now() AS now,
+       c.fired, c.skipped, c.last_slot_at,
+       (SELECT job_id FROM schedule_slots WHERE schedule_id = s.id AND job_id IS NOT NULL
+         ORDER BY slot_at DESC LIMIT 1) AS last_job_id,
+       (SELECT reason FROM schedule_slots WHERE schedule_id = s.id AND outcome = 'skipped'
+         ORDER BY slot_at DESC LIMIT 1) AS last_skip_reason
+  FROM schedules s,
+       LATERAL (SELECT count(*) FILTER (WHERE outcome = 'fired') AS fired,
+                       count(*) FILTER (WHERE outcome = 'skipped') AS skipped,
+                       max(slot_at) AS last_slot_at
+                  FROM schedule_slots WHERE schedule_id = s.id) c
+ WHERE ($1::text IS NULL OR s.owner = $1::text) AND ($2::text IS NULL OR s.name = $2::text)
+ ORDER BY s.name
+"""

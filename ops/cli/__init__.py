@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "workers": ("cordon", "uncordon", "drain"),
     "audit": ("audit",),
     "accounts": ("account",),
+    "schedules": ("schedule",),
     "chaos": ("chaos", "check"),
     "processes.control_plane": ("cp",),
     "processes.agents": ("agent", "fleet"),

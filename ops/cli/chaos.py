@@ -116,6 +116,15 @@ def chaos(
             "the cluster; every 15th job asks 4,000 cpu_millis at priority 10.",
         ),
     ] = False,
+    schedule_every_s: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=59,
+            help="A schedule firing a short job every S seconds runs through the run; the checker "
+            "proves each slot was recorded exactly once (0: none).",
+        ),
+    ] = 2,
     docker: Annotated[
         bool,
         typer.Option(
@@ -181,6 +190,7 @@ def chaos(
         seed=seed,
         accounts=accounts,
         preemption=preemption,
+        schedule_every_s=schedule_every_s,
     )
     harness = Harness(settings=settings, cluster=cluster, progress=lambda line: err_console().print(line))
     try:

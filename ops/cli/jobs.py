@@ -10,8 +10,8 @@ import json
 import random
 import re
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -41,6 +41,7 @@ from runtime.validation import JOB_STATES, MAX_LIST_LIMIT
 if TYPE_CHECKING:
     from ops.cli.logs import OutputTail
     from ops.client import Client, Job, JobHistory
+    from ops.jobfile import FileSchedule
     from runtime.jobs import JobSpec
 
 JOB_CPU_MILLIS = (250, 500, 1000, 2000, 4000)
@@ -104,6 +105,44 @@ def jobs(
     from ops.cli.render import print_submitted
 
     print_submitted(ids, specs)
+
+
+def spec_of_submit_options(options: Mapping[str, Any]) -> JobSpec:
+    """The job of :func:`submit`'s options, by parameter name (also ``stockade schedule add``'s,
+    which takes them): a command, a container or a sleep, checked by the control plane's rules
+    here first (out-of-range numbers do not fit the wire). Exits with EXIT_INVALID unless
+    exactly one of ``sleep_s``, ``image`` and ``command`` is given (``image`` may have a command).
+
+    Raises:
+        InvalidArgument: an option breaks a job's rule.
+    """
+    image, sleep_s, command = options["image"], options["sleep_s"], options["command"]
+    if image is not None and sleep_s is not None:
+        fail("give --image IMAGE [-- CMD ARGS...] or --sleep-s SECONDS, not both", EXIT_INVALID)
+    if image is None and (sleep_s is None) == (not command):
+        fail("give exactly one of --sleep-s SECONDS, --image IMAGE or -- CMD ARGS...", EXIT_INVALID)
+    from ops.jobfields import spec_of_options
+
+    return spec_of_options(
+        {
+            "name": options["name"],
+            "cpu_millis": options["cpu_millis"],
+            "memory_mb": options["memory_mb"],
+            "priority": options["priority"],
+            "sleep_s": sleep_s,
+            "command": tuple(command) if command else None,
+            "image": image,
+            "max_attempts": options["max_attempts"],
+            "retry_backoff_s": options["retry_backoff_s"],
+            "count_lost": options["count_lost"],
+            "timeout_s": options["timeout_s"],
+            "constraints": options["constraint"] or [],
+            "env": options["env"] or [],
+            "workdir": options["workdir"],
+            "after": options.get("after") or [],
+            "array": options.get("array"),
+        }
+    )
 
 
 @app.command("submit", context_settings={"allow_interspersed_args": False})
@@ -225,34 +264,9 @@ def submit(
 ) -> None:
     """Submit one job, a command (stockade submit ... -- CMD ARGS...), a container (--image IMAGE
     [-- CMD ARGS...]) or a sleep (--sleep-s); print its id."""
-    if image is not None and sleep_s is not None:
-        fail("give --image IMAGE [-- CMD ARGS...] or --sleep-s SECONDS, not both", EXIT_INVALID)
-    if image is None and (sleep_s is None) == (not command):
-        fail("give exactly one of --sleep-s SECONDS, --image IMAGE or -- CMD ARGS...", EXIT_INVALID)
-    from ops.jobfields import spec_of_options
-
+    options = dict(locals())
     with errors():
-        # The control plane's checks, here first: out-of-range numbers do not fit the wire.
-        spec = spec_of_options(
-            {
-                "name": name,
-                "cpu_millis": cpu_millis,
-                "memory_mb": memory_mb,
-                "priority": priority,
-                "sleep_s": sleep_s,
-                "command": tuple(command) if command else None,
-                "image": image,
-                "max_attempts": max_attempts,
-                "retry_backoff_s": retry_backoff_s,
-                "count_lost": count_lost,
-                "timeout_s": timeout_s,
-                "constraints": constraint or [],
-                "env": env or [],
-                "workdir": workdir,
-                "after": after or [],
-                "array": array,
-            }
-        )
+        spec = spec_of_submit_options(options)
         (job_id,) = _submit(
             control_plane_addresses(control_planes), [spec], key=idempotency_key_of(idempotency_key)
         )
@@ -294,6 +308,8 @@ def run(
     array. A file holds one job (its fields at the top level) or several ([[job]] tables in
     TOML, a list under job: or at the top level in YAML), at most 10000 and 1 MiB; a status
     table (what `stockade job ID --json` reports) is ignored, so that output can be run again.
+    A top-level schedules list adds periodic jobs (name, cron, tz, concurrency_policy,
+    starting_deadline_s, and job: a job's table; docs/schedules.md), after the jobs.
     Errors name the file and line: jobs.toml:7: max_attempts must be between 1 and 100, got 0.
     """
     from ops import jobfile
@@ -302,19 +318,48 @@ def run(
     if text_format is not None and text_format not in ("toml", "yaml"):
         fail(f"--format must be toml or yaml, got {text_format!r}", EXIT_INVALID)
     with errors():
-        specs, where = jobfile.read_job_file_placed(path, text_format=text_format)
+        specs, where, schedules = jobfile.read_job_file_and_schedules(path, text_format=text_format)
     if check:
-        sys.stdout.write(json.dumps([fields_of(spec) for spec in specs], indent=2) + "\n")
+        shown: list[dict[str, Any]] = [fields_of(spec) for spec in specs]
+        shown += [
+            {**{f: getattr(s, f) for f in jobfile.SCHEDULE_FIELDS if f != "job"}, "job": fields_of(s.job)}
+            for s in schedules
+        ]
+        sys.stdout.write(json.dumps(shown, indent=2) + "\n")
         return
+    key = idempotency_key_of(idempotency_key)
     with errors():
+        addresses = control_plane_addresses(control_planes)
         try:
-            ids = _submit(
-                control_plane_addresses(control_planes), specs, key=idempotency_key_of(idempotency_key)
-            )
+            ids = _submit(addresses, specs, key=key) if specs else []
         except InvalidArgument as exc:
             raise _placed_in_file(exc, specs, where) from None
+        for schedule, schedule_key in zip(
+            schedules, batch_keys(f"{key}/schedules", len(schedules)) if schedules else [], strict=True
+        ):
+            with answer_unknown(schedule_key, "stored the schedule"):
+                _add_file_schedule(addresses, schedule, schedule_key)
     for job_id in ids:
         console().print(job_id)
+    for schedule in schedules:
+        console().print(f"schedule {schedule.name}")
+
+
+def _add_file_schedule(addresses: list[str], schedule: FileSchedule, key: str) -> None:
+    """Add one schedule of a job file under ``key``."""
+
+    async def body(client: Client) -> None:
+        await client.add_schedule(
+            schedule.name,
+            cron=schedule.cron,
+            tz=schedule.tz,
+            job=schedule.job,
+            concurrency_policy=schedule.concurrency_policy,
+            starting_deadline_s=schedule.starting_deadline_s,
+            idempotency_key=key,
+        )
+
+    with_client(addresses, body)
 
 
 def _placed_in_file(

@@ -23,6 +23,7 @@ from ops.client.results import (
     JobEvent,
     JobHistory,
     LogChunk,
+    Schedule,
     Worker,
     WorkerSchedule,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "PeerUnavailable",
     "PermissionDenied",
     "RemoteError",
+    "Schedule",
     "SleepRuntime",
     "StockadeError",
     "Unavailable",

@@ -9,6 +9,7 @@ are tuples of pairs in the reply's order (labels sorted by key): every result co
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -314,7 +315,8 @@ class AuditEntry:
     address: str
     """The peer address (``host:port``) the control plane saw."""
     action: str
-    """``submit``, ``cancel``, ``drain``, ``cordon``, ``uncordon`` or ``account_set``."""
+    """``submit``, ``cancel``, ``drain``, ``cordon``, ``uncordon``, ``account_set`` or
+    ``schedule_add``, ``schedule_pause``, ``schedule_resume``, ``schedule_remove``."""
     target_ids: tuple[int | str, ...]
     """What it changed: job ids (an array's id for an array), or a worker id."""
     arguments: dict[str, Any]
@@ -344,6 +346,34 @@ class Account:
     """The memory_mb of its assigned and running jobs."""
     queued_jobs: int
     """How many of its jobs are pending or waiting."""
+
+
+@attrs.frozen(kw_only=True)
+class Schedule:
+    """A periodic job (``Client.schedules``; docs/schedules.md). Times are aware UTC datetimes
+    (None: none)."""
+
+    id: int
+    name: str
+    cron: str
+    tz: str
+    job: JobSpec
+    """The job each slot fires."""
+    concurrency_policy: str
+    """``allow``, ``forbid`` or ``replace``."""
+    starting_deadline_s: int
+    paused: bool
+    owner: str
+    """The account its jobs belong to."""
+    created_at: datetime | None
+    last_slot_at: datetime | None
+    """The last slot recorded (fired or skipped)."""
+    next_slot_at: datetime | None
+    """The next slot (None while paused, or when none comes within 5 years)."""
+    fired: int
+    skipped: int
+    last_job_id: int | None
+    last_skip_reason: str
 
 
 @attrs.frozen(kw_only=True)
@@ -436,6 +466,36 @@ def account_from_pb(message: pb.AccountInfo) -> Account:
     """An ``AccountInfo`` message as an :class:`Account` (a cap not set is None, 0 is a cap)."""
     caps = {cap: int(getattr(message, cap)) if getattr(message, f"has_{cap}") else None for cap in CLEARABLE}
     return _from_pb(Account, message, **caps)
+
+
+def _utc_ms(ms: int) -> datetime | None:
+    return None if not ms else datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def schedule_info_from_pb(message: pb.ScheduleInfo) -> Schedule:
+    """A ``ScheduleInfo`` message as a :class:`Schedule`."""
+    from runtime.wire_jobs import job_spec_from_pb
+
+    spec = message.spec
+    assert spec is not None
+    return Schedule(
+        id=int(message.id),
+        name=spec.name,
+        cron=spec.cron,
+        tz=spec.tz,
+        job=job_spec_from_pb(spec.job, strict=False),
+        concurrency_policy=spec.concurrency_policy,
+        starting_deadline_s=int(spec.starting_deadline_s),
+        paused=bool(message.paused),
+        owner=message.owner,
+        created_at=_utc_ms(message.created_at_ms),
+        last_slot_at=_utc_ms(message.last_slot_at_ms),
+        next_slot_at=_utc_ms(message.next_slot_at_ms),
+        fired=int(message.fired),
+        skipped=int(message.skipped),
+        last_job_id=int(message.last_job_id) or None,
+        last_skip_reason=message.last_skip_reason,
+    )
 
 
 def history_from_pb(message: pb.GetJobEventsReply) -> JobHistory:

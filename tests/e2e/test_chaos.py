@@ -30,8 +30,9 @@ UNFENCED_LAUNCHER = (str(Path(__file__).with_name("unfenced_launcher.py")), "ops
 
 async def test_a_short_chaos_run_places_and_runs_every_job_once(tmp_path: Path, database_url: str) -> None:
     """Six failovers (kill, freeze, kill, freeze inside a fenced transaction, ...) and a worker
-    kill under a steady job stream: every job finishes, none twice, no false death, and the
-    database refused at least the in-transaction leader's write."""
+    kill under a steady job stream and a schedule every 2 s: every job finishes, none twice, no
+    false death, every slot of the schedule recorded exactly once (fired with its one job, or
+    skipped with why), and the database refused at least the in-transaction leader's write."""
     cluster = LocalCluster(tmp_path / "chaos", database_url=database_url)
     settings = ChaosSettings(failovers=6, worker_kills=1, workers=5, submit_rate_per_s=8.0, seed=3)
     try:
@@ -46,6 +47,7 @@ async def test_a_short_chaos_run_places_and_runs_every_job_once(tmp_path: Path, 
     assert data["jobs_finished"] == data["jobs_submitted"] > 0
     assert data["stale_writes_rejected"] >= 1
     assert data["worker_kills"] == 1 and result.ok
+    assert data["schedule_slot_errors"] == 0 and data["schedule_slots_fired"] > 0
 
 
 PLACEMENT_STATEMENT = "ledger.commit_placements.before_statement"

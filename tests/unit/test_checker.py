@@ -113,6 +113,9 @@ def test_a_clean_run_passes() -> None:
         "jobs_killed_by_outage": 0,
         "acknowledged_submissions_lost": 0,
         "wrong_final_states": 0,
+        "schedule_slots_fired": 0,
+        "schedule_slots_skipped": 0,
+        "schedule_slot_errors": 0,
         "details": [],
         "ok": True,
     }

@@ -111,7 +111,7 @@ def test_audit_sends_its_filters(calls: list[tuple[str, Any]]) -> None:
         (
             ["--action", "delete"],
             "error: action must be empty or one of submit, cancel, drain, cordon, uncordon, account_set, "
-            "got 'delete'",
+            "schedule_add, schedule_pause, schedule_resume, schedule_remove, got 'delete'",
         ),
         (["--since-s", "-1"], "error: since_s must be a number of seconds from 0 to 1000000000, got -1.0"),
         (

@@ -5,6 +5,7 @@
 
 __all__ = (
     "AccountInfo",
+    "AddScheduleRequest",
     "AssignReply",
     "AssignRequest",
     "Assignment",
@@ -42,12 +43,17 @@ __all__ = (
     "ListAuditRequest",
     "ListJobsReply",
     "ListJobsRequest",
+    "ListSchedulesReply",
+    "ListSchedulesRequest",
     "LogChunk",
     "ReadJobLogsRequest",
     "ReadLogsRequest",
     "Refusal",
     "RegisterWorkerReply",
     "RegisterWorkerRequest",
+    "ScheduleInfo",
+    "ScheduleNameRequest",
+    "ScheduleSpec",
     "SetAccountRequest",
     "SleepRuntime",
     "StatusReply",
@@ -122,6 +128,16 @@ class AccountInfo(betterproto2.Message):
 
 
 default_message_pool.register_message("stockade.v1", "AccountInfo", AccountInfo)
+
+
+@dataclass(eq=False, repr=False)
+class AddScheduleRequest(betterproto2.Message):
+    spec: "ScheduleSpec | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+    idempotency_key: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("stockade.v1", "AddScheduleRequest", AddScheduleRequest)
 
 
 @dataclass(eq=False, repr=False)
@@ -1083,6 +1099,25 @@ default_message_pool.register_message("stockade.v1", "ListJobsRequest", ListJobs
 
 
 @dataclass(eq=False, repr=False)
+class ListSchedulesReply(betterproto2.Message):
+    schedules: "list[ScheduleInfo]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
+
+
+default_message_pool.register_message("stockade.v1", "ListSchedulesReply", ListSchedulesReply)
+
+
+@dataclass(eq=False, repr=False)
+class ListSchedulesRequest(betterproto2.Message):
+    account: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    Only this account's (empty: every account the caller may see).
+    """
+
+
+default_message_pool.register_message("stockade.v1", "ListSchedulesRequest", ListSchedulesRequest)
+
+
+@dataclass(eq=False, repr=False)
 class LogChunk(betterproto2.Message):
     """
     A piece of a job's output. The first chunk of a stream comes at once, its data possibly
@@ -1353,6 +1388,103 @@ class RegisterWorkerRequest(betterproto2.Message):
 
 
 default_message_pool.register_message("stockade.v1", "RegisterWorkerRequest", RegisterWorkerRequest)
+
+
+@dataclass(eq=False, repr=False)
+class ScheduleInfo(betterproto2.Message):
+    id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
+
+    spec: "ScheduleSpec | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
+
+    paused: "bool" = betterproto2.field(3, betterproto2.TYPE_BOOL)
+
+    owner: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+    """
+    The account its jobs belong to: the one that added it.
+    """
+
+    created_at_ms: "int" = betterproto2.field(5, betterproto2.TYPE_INT64)
+    """
+    Unix milliseconds (database time); 0: none.
+    """
+
+    last_slot_at_ms: "int" = betterproto2.field(6, betterproto2.TYPE_INT64)
+
+    next_slot_at_ms: "int" = betterproto2.field(7, betterproto2.TYPE_INT64)
+    """
+    The next slot after the schedule's cursor (0: paused, or none within 5 years).
+    """
+
+    fired: "int" = betterproto2.field(8, betterproto2.TYPE_UINT64)
+
+    skipped: "int" = betterproto2.field(9, betterproto2.TYPE_UINT64)
+
+    last_job_id: "int" = betterproto2.field(10, betterproto2.TYPE_UINT64)
+    """
+    The job of the last slot fired (0: none), and why the last slot skipped was.
+    """
+
+    last_skip_reason: "str" = betterproto2.field(11, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("stockade.v1", "ScheduleInfo", ScheduleInfo)
+
+
+@dataclass(eq=False, repr=False)
+class ScheduleNameRequest(betterproto2.Message):
+    """
+    PauseSchedule, ResumeSchedule, RemoveSchedule: the schedule by name, once per key.
+    """
+
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    idempotency_key: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("stockade.v1", "ScheduleNameRequest", ScheduleNameRequest)
+
+
+@dataclass(eq=False, repr=False)
+class ScheduleSpec(betterproto2.Message):
+    """
+    ---------------------------------------------------------------- schedules (docs/schedules.md)
+
+    A periodic job: the leader fires one job of `job` per slot of `cron` in `tz`, each slot once.
+    """
+
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit; unique in the cluster.
+    """
+
+    cron: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    5 fields (minute hour day-of-month month day-of-week), 6 with a leading second field, or
+    @hourly, @daily, @weekly, @monthly, @yearly; must name a time within 5 years.
+    """
+
+    tz: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    An IANA time zone name (UTC, Europe/Berlin).
+    """
+
+    job: "JobSpec | None" = betterproto2.field(4, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    The job each slot fires (no `after`, no `array`).
+    """
+
+    concurrency_policy: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    allow (empty: the default), forbid or replace, as Kubernetes CronJob's concurrencyPolicy.
+    """
+
+    starting_deadline_s: "int" = betterproto2.field(6, betterproto2.TYPE_UINT32)
+    """
+    How late after its time a slot may still fire, seconds, 1 to 604800 (0: 60).
+    """
+
+
+default_message_pool.register_message("stockade.v1", "ScheduleSpec", ScheduleSpec)
 
 
 @dataclass(eq=False, repr=False)
@@ -1970,6 +2102,100 @@ class ControlPlaneStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def add_schedule(
+        self,
+        message: "AddScheduleRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ScheduleInfo":
+        """
+        Periodic jobs (docs/schedules.md): add (operators and users; audited as schedule_add),
+        list (also viewers), pause, resume, remove (the owner's users and operators; audited).
+        """
+
+        return await self._unary_unary(
+            "/stockade.v1.ControlPlane/AddSchedule",
+            message,
+            ScheduleInfo,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def list_schedules(
+        self,
+        message: "ListSchedulesRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ListSchedulesReply":
+
+        return await self._unary_unary(
+            "/stockade.v1.ControlPlane/ListSchedules",
+            message,
+            ListSchedulesReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def pause_schedule(
+        self,
+        message: "ScheduleNameRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ScheduleInfo":
+
+        return await self._unary_unary(
+            "/stockade.v1.ControlPlane/PauseSchedule",
+            message,
+            ScheduleInfo,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def resume_schedule(
+        self,
+        message: "ScheduleNameRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ScheduleInfo":
+
+        return await self._unary_unary(
+            "/stockade.v1.ControlPlane/ResumeSchedule",
+            message,
+            ScheduleInfo,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def remove_schedule(
+        self,
+        message: "ScheduleNameRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ScheduleInfo":
+
+        return await self._unary_unary(
+            "/stockade.v1.ControlPlane/RemoveSchedule",
+            message,
+            ScheduleInfo,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class WorkerStub(betterproto2_grpclib.ServiceStub):
     async def assign(
@@ -2099,6 +2325,30 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
     async def list_accounts(self, message: "ListAccountsRequest") -> "ListAccountsReply":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def add_schedule(self, message: "AddScheduleRequest") -> "ScheduleInfo":
+        """
+        Periodic jobs (docs/schedules.md): add (operators and users; audited as schedule_add),
+        list (also viewers), pause, resume, remove (the owner's users and operators; audited).
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def list_schedules(self, message: "ListSchedulesRequest") -> "ListSchedulesReply":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def pause_schedule(self, message: "ScheduleNameRequest") -> "ScheduleInfo":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def resume_schedule(self, message: "ScheduleNameRequest") -> "ScheduleInfo":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def remove_schedule(self, message: "ScheduleNameRequest") -> "ScheduleInfo":
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
@@ -2243,6 +2493,46 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
         response = await self.list_accounts(request)
         await stream.send_message(response)
 
+    async def __rpc_add_schedule(
+        self, stream: "grpclib.server.Stream[AddScheduleRequest, ScheduleInfo]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.add_schedule(request)
+        await stream.send_message(response)
+
+    async def __rpc_list_schedules(
+        self, stream: "grpclib.server.Stream[ListSchedulesRequest, ListSchedulesReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.list_schedules(request)
+        await stream.send_message(response)
+
+    async def __rpc_pause_schedule(
+        self, stream: "grpclib.server.Stream[ScheduleNameRequest, ScheduleInfo]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.pause_schedule(request)
+        await stream.send_message(response)
+
+    async def __rpc_resume_schedule(
+        self, stream: "grpclib.server.Stream[ScheduleNameRequest, ScheduleInfo]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.resume_schedule(request)
+        await stream.send_message(response)
+
+    async def __rpc_remove_schedule(
+        self, stream: "grpclib.server.Stream[ScheduleNameRequest, ScheduleInfo]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.remove_schedule(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/stockade.v1.ControlPlane/ReadJobLogs": grpclib.const.Handler(
@@ -2352,6 +2642,36 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 ListAccountsRequest,
                 ListAccountsReply,
+            ),
+            "/stockade.v1.ControlPlane/AddSchedule": grpclib.const.Handler(
+                self.__rpc_add_schedule,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                AddScheduleRequest,
+                ScheduleInfo,
+            ),
+            "/stockade.v1.ControlPlane/ListSchedules": grpclib.const.Handler(
+                self.__rpc_list_schedules,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ListSchedulesRequest,
+                ListSchedulesReply,
+            ),
+            "/stockade.v1.ControlPlane/PauseSchedule": grpclib.const.Handler(
+                self.__rpc_pause_schedule,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ScheduleNameRequest,
+                ScheduleInfo,
+            ),
+            "/stockade.v1.ControlPlane/ResumeSchedule": grpclib.const.Handler(
+                self.__rpc_resume_schedule,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ScheduleNameRequest,
+                ScheduleInfo,
+            ),
+            "/stockade.v1.ControlPlane/RemoveSchedule": grpclib.const.Handler(
+                self.__rpc_remove_schedule,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ScheduleNameRequest,
+                ScheduleInfo,
             ),
         }
 

@@ -1,0 +1,148 @@
+"""``stockade schedule``: add sends the schedule with the job built from submit's options, list
+prints each schedule's slots in its zone and UTC, pause/resume/remove name it, and bad input is
+refused before sending."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from ops.cli import EXIT_INVALID, app
+from ops.config import INSECURE_ENV
+from protocol import pb
+from runtime.client import ControlPlaneClient
+
+JOB = pb.JobSpec(
+    name="backup.sh", cpu_millis=500, memory_mb=256, command=pb.CommandRuntime(argv=["backup.sh"])
+)
+NIGHTLY = pb.ScheduleInfo(
+    id=1,
+    spec=pb.ScheduleSpec(
+        name="nightly",
+        cron="30 2 * * *",
+        tz="Europe/Berlin",
+        job=JOB,
+        concurrency_policy="allow",
+        starting_deadline_s=60,
+    ),
+    owner="alice",
+    last_slot_at_ms=1_774_747_800_000,  # 2026-03-29 01:30 UTC... the spring day's 03:00 CEST
+    next_slot_at_ms=1_774_834_200_000,
+    fired=3,
+    skipped=1,
+)
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """The control plane answers every schedule call with nightly; the calls made are recorded."""
+    made: list[tuple[str, Any]] = []
+
+    async def replica(self: ControlPlaneClient, index: int, name: str, request: Any, **_: object) -> Any:
+        made.append((name, request))
+        return pb.ListSchedulesReply(schedules=[NIGHTLY]) if name == "list_schedules" else NIGHTLY
+
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", replica)
+    monkeypatch.setenv(INSECURE_ENV, "1")
+    monkeypatch.setenv("COLUMNS", "160")
+    return made
+
+
+def run(*args: str) -> Any:
+    return CliRunner().invoke(app, [*args, "--control-planes", "127.0.0.1:1"])
+
+
+def test_add_sends_the_schedule_and_the_job_of_submits_options(calls: list[tuple[str, Any]]) -> None:
+    """NAME, --cron, --tz, --concurrency-policy and the job options after them become one
+    AddSchedule with an idempotency key."""
+    result = CliRunner().invoke(
+        app,
+        [
+            "schedule",
+            "add",
+            "nightly",
+            "--cron",
+            "30 2 * * *",
+            "--tz",
+            "Europe/Berlin",
+            "--concurrency-policy",
+            "forbid",
+            "--cpu-millis",
+            "500",
+            "--memory-mb",
+            "256",
+            "--max-attempts",
+            "2",
+            "--control-planes",
+            "127.0.0.1:1",
+            "--",
+            "backup.sh",
+            "--all",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    ((rpc, request),) = calls
+    assert rpc == "add_schedule" and request.idempotency_key
+    spec = request.spec
+    assert (spec.name, spec.cron, spec.tz, spec.concurrency_policy) == (
+        "nightly",
+        "30 2 * * *",
+        "Europe/Berlin",
+        "forbid",
+    )
+    assert list(spec.job.command.argv) == ["backup.sh", "--all"] and spec.job.max_attempts == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--cron", "0 0 30 2 *"], "cron must name a time within 5 years"),
+        (["--cron", "@daily", "--tz", "Mars/Olympus"], "tz must be an IANA time zone"),
+        (["--cron", "@daily", "--after", "3"], "has no option --after"),
+    ],
+)
+def test_bad_input_is_refused_before_sending(
+    calls: list[tuple[str, Any]], args: list[str], words: str
+) -> None:
+    """A cron that never fires, an unknown zone, or a submit option schedules do not take: exit
+    EXIT_INVALID (or a usage error), nothing sent."""
+    result = run("schedule", "add", "x", *args, "--sleep-s", "1", "--cpu-millis", "100", "--memory-mb", "64")
+    assert result.exit_code in (EXIT_INVALID, 2)
+    assert words in result.output
+    assert calls == []
+
+
+def test_list_shows_slots_in_the_zone_and_utc(calls: list[tuple[str, Any]]) -> None:
+    """The table has the name, cron, zone, policy, last and next slot (local and UTC), fired and
+    skipped; --json the same keys."""
+    result = run("schedule", "list")
+    assert result.exit_code == 0, result.output
+    assert "nightly" in result.output and "CEST" in result.output and "UTC" in result.output
+    data = json.loads(run("schedule", "list", "--json").output)
+    assert data[0]["name"] == "nightly" and (data[0]["fired"], data[0]["skipped"]) == (3, 1)
+
+
+@pytest.mark.parametrize("verb", ["pause", "resume", "remove"])
+def test_pause_resume_remove_name_the_schedule(calls: list[tuple[str, Any]], verb: str) -> None:
+    """Each sends its RPC with the name and an idempotency key."""
+    result = run("schedule", verb, "nightly")
+    assert result.exit_code == 0, result.output
+    ((rpc, request),) = calls
+    assert rpc == f"{verb}_schedule" and request.name == "nightly" and request.idempotency_key
+
+
+def test_run_adds_the_schedules_of_a_job_file_read_from_standard_input(calls: list[tuple[str, Any]]) -> None:
+    """`stockade run -` reads the file once: its schedule is added (no job submitted), its
+    name printed."""
+    text = (
+        "schedules:\n  - name: nightly\n    cron: '30 2 * * *'\n    tz: Europe/Berlin\n"
+        "    job: {cpu_millis: 500, memory_mb: 256, command: [backup.sh]}\n"
+    )
+    result = CliRunner().invoke(app, ["run", "-", "--control-planes", "127.0.0.1:1"], input=text)
+    assert result.exit_code == 0, result.output
+    ((rpc, request),) = calls
+    assert rpc == "add_schedule" and request.spec.name == "nightly" and request.spec.tz == "Europe/Berlin"
+    assert "schedule nightly" in result.output

@@ -1,0 +1,85 @@
+"""A job file's ``schedules`` list (ops/jobfile.py, read_schedules): checked as the control plane
+checks a schedule, errors naming the file, the line and the field; a file may hold schedules only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ops.jobfile import JobFileError, read_job_file, read_schedules
+
+TOML = """\
+[[job]]
+name = "once"
+cpu_millis = 100
+memory_mb = 64
+sleep_s = 1
+
+[[schedules]]
+name = "nightly"
+cron = "30 2 * * *"
+tz = "Europe/Berlin"
+concurrency_policy = "forbid"
+
+[schedules.job]
+cpu_millis = 500
+memory_mb = 256
+command = ["backup.sh", "--all"]
+"""
+
+
+def test_a_toml_file_holds_jobs_and_schedules(tmp_path: Path) -> None:
+    """The job is read as before; the schedule with its fields and its job."""
+    path = tmp_path / "jobs.toml"
+    path.write_text(TOML)
+    assert [s.name for s in read_job_file(path)] == ["once"]
+    (schedule,) = read_schedules(path)
+    assert (schedule.name, schedule.cron, schedule.tz) == ("nightly", "30 2 * * *", "Europe/Berlin")
+    assert (schedule.concurrency_policy, schedule.starting_deadline_s) == ("forbid", 60)
+    assert schedule.job.cpu_millis == 500
+
+
+def test_a_file_of_schedules_only_has_no_jobs(tmp_path: Path) -> None:
+    """A YAML file with a schedules list alone: no job, one schedule."""
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "schedules:\n  - name: tick\n    cron: '*/2 * * * * *'\n"
+        "    job: {cpu_millis: 100, memory_mb: 64, sleep_s: 0.5}\n"
+    )
+    assert read_job_file(path) == []
+    assert [s.cron for s in read_schedules(path)] == ["*/2 * * * * *"]
+
+
+@pytest.mark.parametrize(
+    ("replace", "by", "line", "words"),
+    [
+        ('cron = "30 2 * * *"', 'cron = "0 0 30 2 *"', 9, "cron must name a time within 5 years"),
+        ('tz = "Europe/Berlin"', 'tz = "Europe/Nowhere"', 10, "tz must be an IANA time zone"),
+        ("memory_mb = 256", "memory_mb = 0", 15, "memory_mb must be between"),
+        (
+            'concurrency_policy = "forbid"',
+            'concurrency_policy = "queue"',
+            11,
+            "concurrency_policy must be one of",
+        ),
+    ],
+)
+def test_a_bad_schedule_is_refused_naming_file_line_and_field(
+    tmp_path: Path, replace: str, by: str, line: int, words: str
+) -> None:
+    """Each error starts with jobs.toml:LINE and names the field and the rule."""
+    path = tmp_path / "jobs.toml"
+    path.write_text(TOML.replace(replace, by))
+    with pytest.raises(JobFileError) as refused:
+        read_schedules(path)
+    assert str(refused.value).startswith(f"{path}:{line}: ")
+    assert words in str(refused.value)
+
+
+def test_a_schedules_job_may_not_wait_for_others(tmp_path: Path) -> None:
+    """job.after is refused: a schedule's job waits for no other job."""
+    path = tmp_path / "jobs.toml"
+    path.write_text(TOML + "after = [1]\n")
+    with pytest.raises(JobFileError, match=r"job.after must be empty for a schedule's job"):
+        read_schedules(path)
