@@ -207,11 +207,13 @@ WITH ended AS (
 ),
 jobs_ended AS (
     UPDATE jobs j
-       SET (state, failures, started_at, finished_at, pending_seq, pending_xid, not_before, reason)
+       SET (state, failures, started_at, finished_at, pending_seq, pending_xid, not_before, reason,
+            detail)
              = (SELECT * FROM after_run(j, CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'failed' END,
-                                        'timeout', j.started_at, now())),
-           detail = 'timeout: the leader stopped it, past its timeout_s of '
-                    || (j.timeout_ms / 1000.0)::float8 || ' s'
+                                        'timeout', NULL,
+                                        'timeout: the leader stopped it, past its timeout_s of '
+                                        || (j.timeout_ms / 1000.0)::float8 || ' s',
+                                        j.started_at, now()))
       FROM ended e
      WHERE j.id = e.job_id AND j.state IN ('assigned', 'running')
 )

@@ -651,6 +651,13 @@ class JobArray(betterproto2.Message):
     Most tasks of the array assigned or running at once; 0: no limit.
     """
 
+    max_failed_tasks: "int" = betterproto2.field(50, betterproto2.TYPE_UINT32)
+    """
+    Once this many tasks have failed for good (1 to the array's tasks), the tasks that have
+    not ended are cancelled (detail "max_failed_tasks: ...") and the array has failed
+    (Kubernetes' maxFailedIndexes); 0: no limit, each task ends by itself.
+    """
+
 
 default_message_pool.register_message("stockade.v1", "JobArray", JobArray)
 
@@ -948,6 +955,20 @@ class JobSpec(betterproto2.Message):
     array: "JobArray | None" = betterproto2.field(28, betterproto2.TYPE_MESSAGE, optional=True)
     """
     Submit an array of tasks of this spec (SubmitJob only).
+    """
+
+    retry_on_exit: "list[int]" = betterproto2.field(50, betterproto2.TYPE_UINT32, repeated=True)
+    """
+    Failure policy. The exit codes (1 to 255, each once) of a failed run that may be retried:
+    a run that failed with another (or none, or killed by a signal) ends the job failed at
+    once. Empty: any. Runs that failed for a reason are judged by no_retry_on instead.
+    """
+
+    no_retry_on: "list[str]" = betterproto2.field(51, betterproto2.TYPE_STRING, repeated=True)
+    """
+    Reasons of a failed run that end the job failed at once, each once, of: timeout,
+    oom_killed, workdir_not_found, workdir_denied, command_not_found, image_not_found,
+    no_container_engine, container_error, resources_error (runtime/jobs.py, FAILURE_REASONS).
     """
 
 
