@@ -458,7 +458,9 @@ class JobSpec:
             check_int_between(f"retry_on_exit[{index}]", code, MIN_RETRY_EXIT_CODE, MAX_RETRY_EXIT_CODE)
         twice = sorted({c for c in self.retry_on_exit if self.retry_on_exit.count(c) > 1})
         if twice:
-            raise InvalidArgument("retry_on_exit", list(self.retry_on_exit), f"must list each exit code once ({twice[0]} twice)")
+            raise InvalidArgument(
+                "retry_on_exit", list(self.retry_on_exit), f"must list each exit code once ({twice[0]} twice)"
+            )
         for index, reason in enumerate(self.no_retry_on):
             if reason not in FAILURE_REASONS:
                 raise InvalidArgument(
