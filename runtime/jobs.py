@@ -385,6 +385,11 @@ class JobSpec:
     """The working directory, an absolute path on the worker; empty: the job's own folder."""
     after: tuple[int, ...] = attrs.field(default=(), converter=_ids)
     """Jobs that must all have succeeded before this one becomes pending."""
+    after_names: tuple[str, ...] = attrs.field(default=(), converter=_names)
+    """Jobs of the same batch (SubmitJobs; a job file) by name, each once, that must all have
+    succeeded before this one becomes pending (an array: all its tasks); resolved to the ids
+    the batch's transaction assigns (:func:`runtime.validation.pipeline_order`). With
+    ``after``, at most :data:`MAX_AFTER` in all."""
     array: ArrayRange | None = None
     """Submit as an array of tasks (:class:`ArrayRange`); None: one job."""
     retry_on_exit: tuple[int, ...] = attrs.field(default=(), converter=_ids)
@@ -446,6 +451,14 @@ class JobSpec:
             check_int_between(f"after[{index}]", job_id, 1, MAX_ID)
         if len(set(self.after)) != len(self.after):
             raise InvalidArgument("after", list(self.after), "must name each job once")
+        if len(self.after) + len(self.after_names) > MAX_AFTER:
+            raise InvalidArgument(
+                "after_names", len(self.after_names), f"must name at most {MAX_AFTER} jobs with after"
+            )
+        for index, name in enumerate(self.after_names):
+            check_text(f"after_names[{index}]", name, max_bytes=MAX_NAME_BYTES, printable=True)
+        if len(set(self.after_names)) != len(self.after_names):
+            raise InvalidArgument("after_names", list(self.after_names), "must name each job once")
         if self.array is not None:
             self.array.check()
         self._check_failure_policy()

@@ -47,6 +47,7 @@ def job_spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         after=list(spec.after),
         retry_on_exit=[max(0, c) for c in spec.retry_on_exit],
         no_retry_on=list(spec.no_retry_on),
+        after_names=list(spec.after_names),
     )
     if spec.array is not None:
         message.array = pb.JobArray(**attrs.asdict(spec.array))
@@ -109,4 +110,5 @@ def job_spec_from_pb(message: pb.JobSpec | None, *, strict: bool = True) -> JobS
         ),
         retry_on_exit=tuple(message.retry_on_exit),
         no_retry_on=tuple(message.no_retry_on),
+        after_names=tuple(message.after_names),
     )

@@ -14,6 +14,7 @@ import attrs
 
 from runtime.constraints import Constraint
 from runtime.jobs import ArrayRange, CommandRuntime, ContainerRuntime, JobRuntime, JobSpec, SleepRuntime
+from runtime.validation import pipeline_order
 
 
 def _lifecycle(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -185,16 +186,33 @@ BATCH_COLUMNS = (
 
 
 def job_column_arrays(specs: Sequence[JobSpec]) -> tuple[list[Any], ...]:
-    """The columns of many specs as parameters $1-$18 of :data:`SUBMIT_JOBS`: one array per
+    """The columns of many specs as parameters $1-$24 of :data:`SUBMIT_JOBS`: one array per
     column, argv, after_ids, retry_on_exit and no_retry_on as JSON text (a ``text[]`` cannot
-    hold arrays of different lengths). A batch holds no array (:func:`runtime.validation.check_jobs`).
+    hold arrays of different lengths); then each array's first and last index, limit and
+    max_failed_tasks (NULL for a job), the positions in the batch (from 1) of the jobs its
+    ``after_names`` name (JSON), and its place in the order of storing (from 1,
+    :func:`runtime.validation.pipeline_order`).
 
     Raises:
         ValueError: a spec has no runtime.
+        InvalidArgument: the batch's names do not resolve (:func:`pipeline_order`).
     """
     columns = [job_columns(spec) for spec in specs]
     arrays = {name: [getattr(c, name) for c in columns] for name in BATCH_COLUMNS}
     arrays["argv"] = [None if argv is None else json.dumps(argv) for argv in arrays["argv"]]
     for name in ("after_ids", "retry_on_exit", "no_retry_on"):
         arrays[name] = [json.dumps(items) for items in arrays[name]]
-    return tuple(arrays.values())
+    position = {spec.name: n for n, spec in enumerate(specs, 1)}
+    order = pipeline_order(specs)
+    places = [0] * len(specs)
+    for place, index in enumerate(order, 1):
+        places[index] = place
+    return (
+        *arrays.values(),
+        [c.array_first for c in columns],
+        [c.array_last for c in columns],
+        [None if c.array_first is None else c.array_max_running for c in columns],
+        [c.array_max_failed for c in columns],
+        [json.dumps([position[name] for name in spec.after_names]) for spec in specs],
+        places,
+    )

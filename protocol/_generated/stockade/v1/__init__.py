@@ -954,7 +954,7 @@ class JobSpec(betterproto2.Message):
 
     array: "JobArray | None" = betterproto2.field(28, betterproto2.TYPE_MESSAGE, optional=True)
     """
-    Submit an array of tasks of this spec (SubmitJob only).
+    Submit an array of tasks of this spec (SubmitJob, or SubmitJobs beside other jobs).
     """
 
     retry_on_exit: "list[int]" = betterproto2.field(50, betterproto2.TYPE_UINT32, repeated=True)
@@ -969,6 +969,16 @@ class JobSpec(betterproto2.Message):
     Reasons of a failed run that end the job failed at once, each once, of: timeout,
     oom_killed, workdir_not_found, workdir_denied, command_not_found, image_not_found,
     no_container_engine, container_error, resources_error (runtime/jobs.py, FAILURE_REASONS).
+    """
+
+    after_names: "list[str]" = betterproto2.field(52, betterproto2.TYPE_STRING, repeated=True)
+    """
+    Jobs of the same SubmitJobsRequest, by their name (each named by one job of the request,
+    whose names are then all different), that must all have succeeded before this job
+    becomes pending (an array: all its tasks), each once; at most 100 with after. The
+    request's jobs are stored in an order where each comes after those it names, in one
+    transaction, which resolves the names to the ids it assigns. A cycle is refused naming it
+    ("after: cycle a -> b -> a"). SubmitJobs only.
     """
 
 
