@@ -1548,7 +1548,9 @@ default_message_pool.register_message("stockade.v1", "SubmitJobsReply", SubmitJo
 @dataclass(eq=False, repr=False)
 class SubmitJobsRequest(betterproto2.Message):
     """
-    Many jobs in one call (at most 10000), stored all or none.
+    Many jobs in one call (at most 10000, and 10000 rows with each array's tasks counted),
+    stored all or none in one transaction: jobs and arrays, naming each other in after_names
+    (a pipeline).
     """
 
     specs: "list[JobSpec]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
