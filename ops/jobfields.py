@@ -46,7 +46,7 @@ FIELDS: dict[str, str] = {
     "constraints": 'list of text: rules on worker labels, "key=value", "key!=value", "key", "key in (a,b)"',
     "env": "table of text: environment variables",
     "workdir": "text: the working directory, an absolute path on the worker",
-    "after": "list of job ids: run once all of them have succeeded",
+    "after": "list of job ids, and names of jobs of the same file: run once all of them have succeeded",
     "array": 'text: "FIRST-LAST[%MAX_RUNNING]", an array of tasks',
     "max_failed_tasks": "integer, with array: once this many tasks failed, cancel the rest, fail the array",
     "retry_on_exit": "list of exit codes 1-255: retry only failures that exit with one of these",
@@ -73,6 +73,7 @@ errors keep the spec's names, but ``--image`` and ``--sleep-s``)."""
 _OPTION_NAMES = {**OPTIONS, "image": "--image", "sleep_s": "--sleep-s"}
 
 _WIRE_NAMES = {
+    "after_names": "after",
     "sleep.duration_ms": "sleep_s",
     "command.argv": "command",
     "container.argv": "command",
@@ -130,6 +131,9 @@ def spec_of(fields: Mapping[str, Any]) -> JobSpec:
     runtime = runtime_of(fields)
     given_apart = ("name", "cpu_millis", "memory_mb", "sleep_s", "command", "image", "max_failed_tasks")
     optional = {k: fields[k] for k in FIELDS if k not in given_apart and fields.get(k) is not None}
+    after = tuple(fields.get("after") or ())
+    optional["after"] = tuple(item for item in after if not isinstance(item, str))
+    optional["after_names"] = tuple(item for item in after if isinstance(item, str))
     max_failed = fields.get("max_failed_tasks")
     if max_failed is not None:
         array = fields.get("array")
@@ -326,9 +330,13 @@ def _env(field: str, value: Any) -> tuple[tuple[str, str], ...]:
     return tuple((name, _text(f"{field}[{name}]", item)) for name, item in value.items())
 
 
-def _ids(field: str, value: Any) -> tuple[int, ...]:
+def _after(field: str, value: Any) -> tuple[int | str, ...]:
+    """Job ids (whole numbers) and names of jobs of the same file (text), in the file's order."""
     items = value if isinstance(value, list) else [value]
-    return tuple(_whole(f"{field}[{index}]", item) for index, item in enumerate(items))
+    return tuple(
+        item if isinstance(item, str) else _whole(f"{field}[{index}]", item)
+        for index, item in enumerate(items)
+    )
 
 
 def _exit_codes(field: str, value: Any) -> tuple[int, ...]:
@@ -364,7 +372,7 @@ _READERS: dict[str, Callable[[str, Any], Any]] = {
     "constraints": _constraints,
     "env": _env,
     "workdir": _text,
-    "after": _ids,
+    "after": _after,
     "array": _array,
     "max_failed_tasks": _whole,
     "retry_on_exit": _exit_codes,
@@ -436,7 +444,7 @@ def fields_of(spec: JobSpec) -> dict[str, Any]:
             "constraints": [c.describe() for c in spec.constraints],
             "env": dict(spec.env),
             "workdir": spec.workdir or None,
-            "after": list(spec.after),
+            "after": [*spec.after, *spec.after_names],
             "array": spec.array.describe() if spec.array is not None else None,
             "max_failed_tasks": spec.array.max_failed_tasks or None if spec.array is not None else None,
             "retry_on_exit": list(spec.retry_on_exit),

@@ -109,6 +109,23 @@ def check_jobs_steps(
     return checked
 
 
+class PipelineError(InvalidArgument):
+    """A batch whose jobs name each other (``after_names``) in a way that cannot be stored: the
+    message names the field (``specs[1].after_names[0]``) as any InvalidArgument's.
+
+    Args:
+        index: the job at fault (from 0).
+        field: its field, as the wire names it (``after_names``, ``name``).
+        words: what is wrong, without the field's name, for a job file's message
+            (``after: cycle a -> b -> a``).
+    """
+
+    def __init__(self, index: int, field: str, value: object, rule: str, *, words: str) -> None:
+        super().__init__(f"specs[{index}].{field}", value, rule)
+        self.index = index
+        self.words = words
+
+
 def pipeline_order(specs: Sequence[JobSpec]) -> list[int]:
     """The indexes of a batch's ``specs`` in the order they are stored: each after every job its
     ``after_names`` names, else in the batch's order (Kahn's topological sort, the lowest index
@@ -117,7 +134,7 @@ def pipeline_order(specs: Sequence[JobSpec]) -> list[int]:
     the batch must be different.
 
     Raises:
-        InvalidArgument: ``specs[i].name`` shared by two jobs of a batch whose jobs name each
+        PipelineError: ``specs[i].name`` shared by two jobs of a batch whose jobs name each
             other; ``specs[i].after_names[j]`` naming no job of the batch; or
             ``specs[i].after_names`` closing a cycle, the rule naming it (``after: cycle a ->
             b -> a``; a job naming itself: ``after: cycle a -> a``).
@@ -129,18 +146,25 @@ def pipeline_order(specs: Sequence[JobSpec]) -> list[int]:
     for index, spec in enumerate(specs):
         first = by_name.setdefault(spec.name, index)
         if first != index:
-            raise InvalidArgument(
-                f"specs[{index}].name",
+            raise PipelineError(
+                index,
+                "name",
                 spec.name,
-                f"must differ from every other job's of a batch whose jobs name each other in after "
+                "must differ from every other job's when jobs of the batch name each other in after "
                 f"(specs[{first}] is called so too)",
+                words=f"name {spec.name!r} is job {first + 1}'s too; jobs that name each other in "
+                "after need names of their own",
             )
     needs: list[list[int]] = [[] for _ in specs]
     for index in named:
         for position, name in enumerate(specs[index].after_names):
             if name not in by_name:
-                raise InvalidArgument(
-                    f"specs[{index}].after_names[{position}]", name, "must name a job of the same batch"
+                raise PipelineError(
+                    index,
+                    f"after_names[{position}]",
+                    name,
+                    "must name a job of the same batch",
+                    words=f"after names {name!r}, which is no job of this file nor a job id",
                 )
             needs[index].append(by_name[name])
     waiting = [len(set(n)) for n in needs]
@@ -160,9 +184,13 @@ def pipeline_order(specs: Sequence[JobSpec]) -> list[int]:
                 heapq.heappush(ready, dependant)
     if len(order) < len(specs):
         cycle = _a_cycle(needs, {i for i, count in enumerate(waiting) if count > 0})
-        names = " -> ".join(specs[i].name for i in cycle)
-        raise InvalidArgument(
-            f"specs[{cycle[0]}].after_names", list(specs[cycle[0]].after_names), f"after: cycle {names}"
+        words = "after: cycle " + " -> ".join(specs[i].name for i in cycle)
+        raise PipelineError(
+            cycle[0],
+            "after_names",
+            list(specs[cycle[0]].after_names),
+            f"must not close a cycle ({words})",
+            words=words,
         )
     return order
 
