@@ -5,7 +5,6 @@ share) with the file's line (runtime.validation.pipeline_order, ops.jobfile)."""
 from __future__ import annotations
 
 import itertools
-
 from pathlib import Path
 
 import pytest
