@@ -226,7 +226,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     no_retry_on          text[]      NOT NULL DEFAULT '{}',
     array_max_failed     integer     CHECK (array_max_failed > 0),
     -- a job depends only on jobs older than itself (queries.SUBMIT_JOB names only jobs that
-    -- exist), so its dependencies never form a cycle
+    -- exist; queries.SUBMIT_JOBS gives a batch's jobs ids above those of the jobs of the batch
+    -- they name), so its dependencies never form a cycle
     CONSTRAINT jobs_after_older_check CHECK (id > ALL (after_ids))
 );
 CREATE INDEX IF NOT EXISTS jobs_pending_order ON jobs (priority DESC, id) WHERE state = 'pending';

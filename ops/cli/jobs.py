@@ -326,9 +326,11 @@ def run(
     priority, one runtime (sleep_s, command as a list, or image with an optional command),
     max_attempts, retry_backoff_s, count_lost, timeout_s, constraints, env, workdir, after,
     array, max_failed_tasks, retry_on_exit, no_retry_on. A file holds one job (its fields at the
-    top level) or several ([[job]] tables in
-    TOML, a list under job: or at the top level in YAML), at most 10000 and 1 MiB; a status
-    table (what `stockade job ID --json` reports) is ignored, so that output can be run again.
+    top level) or several ([[job]] tables in TOML, a list under job: or at the top level in
+    YAML), at most 10000 and 1 MiB; a status table (what `stockade job ID --json` reports) is
+    ignored, so that output can be run again. A file may hold a pipeline: arrays beside other
+    jobs, and after naming jobs of the file by name (after = ["prepare", 12]), stored in one
+    transaction, each after those it names; a cycle is refused (after: cycle a -> b -> a).
     Errors name the file and line: jobs.toml:7: max_attempts must be between 1 and 100, got 0.
     """
     from ops import jobfile
