@@ -248,3 +248,73 @@ async def test_a_bad_failure_policy_is_refused_naming_the_field_and_nothing_is_s
     with pytest.raises(InvalidArgument, match=message.replace("^", r"^specs\[0\]\.")):
         await cluster.cp.call("submit_jobs", pb.SubmitJobsRequest(specs=[spec]))
     assert await cluster.jobs_stored() == 0
+
+
+@pytest.mark.parametrize(
+    ("retry_on_exit", "no_retry_on", "detail", "exit_code", "refusal"),
+    [
+        ([], [], "exit code 2", 2, None),
+        ([1, 75], [], "exit code 75", 75, None),
+        ([1, 75], [], "exit code 2", 2, "exit code 2 is not in retry_on_exit [1, 75]"),
+        ([1], [], "exit code -9", -9, "exit code -9 is not in retry_on_exit [1]"),
+        ([1], [], "cannot start", None, "it ended with no exit code, and retry_on_exit is [1]: cannot start"),
+        ([1], [], "timeout: ran past its timeout_s", None, None),
+        ([1], ["timeout"], "timeout", None, "timeout (not retried: timeout is in no_retry_on [timeout])"),
+        (
+            [],
+            ["oom_killed", "timeout"],
+            "oom_killed: killed",
+            137,
+            "oom_killed: killed (not retried: oom_killed is in no_retry_on [oom_killed, timeout])",
+        ),
+        ([], ["oom_killed"], "workdir_not_found: /x", None, None),
+    ],
+)
+async def test_retry_refusal_is_the_one_rule_of_failure_policies(
+    cluster: Cluster,
+    retry_on_exit: list[int],
+    no_retry_on: list[str],
+    detail: str,
+    exit_code: int | None,
+    refusal: str | None,
+) -> None:
+    """A run naming a reason (the word before its colon, or a bare word) is judged by
+    no_retry_on only; one naming none by its exit code against retry_on_exit only (a signal's
+    negative code, or none, is never listed); empty lists refuse nothing."""
+    got = await cluster.admin.fetchval(
+        "SELECT retry_refusal($1::int[], $2::text[], $3, $4)", retry_on_exit, no_retry_on, detail, exit_code
+    )
+    assert got == refusal
+
+
+async def test_tasks_failing_in_concurrent_transactions_count_each_other(
+    cluster: Cluster, database_url: str
+) -> None:
+    """Two tasks of an array with max_failed_tasks 2 failing in two transactions at once: the
+    second waits on the array's lock for the first's commit, then counts both and cancels the
+    rest."""
+    array_id = await cluster.submit(array=ArrayRange(first_index=0, last_index=2, max_failed_tasks=2))
+    t0, t1, t2 = await cluster.tasks(array_id)
+    fail = "UPDATE jobs SET state = 'failed', finished_at = now() WHERE id = $1"
+    waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    other = await PgConnection.connect(database_url)
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def second() -> None:
+                async with other.transaction():
+                    await other.execute(fail, t1)
+
+            async with cluster.admin.transaction():
+                await cluster.admin.execute(fail, t0)
+                nursery.start_soon(second)
+                with trio.fail_after(30):  # until the second waits on the array's lock
+                    while not await cluster.admin.fetchval(waiting):
+                        await trio.sleep(0.01)  # noqa: ASYNC110 (a lock in another process)
+                assert (await cluster.job(t2))["state"] == "pending"
+            # The first committed (having counted 1 failed task); the second goes on.
+    finally:
+        await other.close()
+    job = await cluster.job(t2)
+    assert job["state"] == "cancelled"
+    assert job["detail"].startswith("max_failed_tasks: cancelled because 2 of the array's tasks failed")
