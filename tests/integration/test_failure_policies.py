@@ -309,8 +309,8 @@ async def test_tasks_failing_in_concurrent_transactions_count_each_other(
                 await cluster.admin.execute(fail, t0)
                 nursery.start_soon(second)
                 with trio.fail_after(30):  # until the second waits on the array's lock
-                    while not await cluster.admin.fetchval(waiting):
-                        await trio.sleep(0.01)  # noqa: ASYNC110 (a lock in another process)
+                    while not await cluster.admin.fetchval(waiting):  # noqa: ASYNC110 (another process's lock)
+                        await trio.sleep(0.01)
                 assert (await cluster.job(t2))["state"] == "pending"
             # The first committed (having counted 1 failed task); the second goes on.
     finally:
