@@ -264,7 +264,12 @@ LIMITS = (
         f"empty, or an absolute path of at most {_n(MAX_WORKDIR_BYTES)} bytes; no control characters",
         ("MAX_WORKDIR_BYTES",),
     ),
-    Limit("job `after` (`--after`)", f"at most {_n(MAX_AFTER)} job ids, each once", ("MAX_AFTER",)),
+    Limit(
+        "job `after` (`--after`) and `after_names`",
+        f"at most {_n(MAX_AFTER)} job ids and names of jobs of the same batch (a job file's `after` "
+        "holds both), each once; names of 1 to 128 bytes",
+        ("MAX_AFTER",),
+    ),
     Limit(
         "job `array` (`--array FIRST-LAST[%MAX_RUNNING]`)",
         f"indexes 0 to {_n(MAX_ARRAY_INDEX)}, LAST not below FIRST, at most {_n(MAX_ARRAY_TASKS)} tasks",
@@ -287,7 +292,7 @@ LIMITS = (
     ),
     Limit(
         "`specs` of one SubmitJobs request (`stockade jobs` splits larger batches)",
-        f"1 to {_n(MAX_BATCH_JOBS)} jobs",
+        f"1 to {_n(MAX_BATCH_JOBS)} jobs, and at most {_n(MAX_BATCH_JOBS)} rows with each array's tasks counted",
         ("MAX_BATCH_JOBS",),
     ),
     Limit(
