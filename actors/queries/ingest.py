@@ -137,9 +137,18 @@ queued AS (
     SELECT check_submission($25::text, (SELECT sum(tasks) FROM batch), $27::bigint) AS ok FROM fresh
 ),
 placed AS (
-    SELECT b.n, coalesce(sum(b.tasks) OVER (ORDER BY b.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
-                         0) AS start
+    SELECT b.n, b.array_first, b.array_last,
+           coalesce(sum(b.tasks) OVER (ORDER BY b.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+                    0) AS start
       FROM batch b
+),
+-- One row per row to store (a job, or each task of an array by index): its place k among the
+-- ids drawn, counted from 1 in the order of storing.
+expanded AS (
+    SELECT p.n, i AS array_index, i - coalesce(p.array_first, 0) + 1 AS pos,
+           p.start + i - coalesce(p.array_first, 0) + 1 AS k
+      FROM placed p
+     CROSS JOIN LATERAL generate_series(coalesce(p.array_first, 0), coalesce(p.array_last, 0)) AS i
 ),
 drawn AS (
     SELECT row_number() OVER (ORDER BY x.id) AS k, x.id
@@ -150,20 +159,20 @@ drawn AS (
 heads AS (
     SELECT p.n, d.id FROM placed p JOIN drawn d ON d.k = p.start + 1
 ),
+named AS (
+    SELECT b.n, array_agg(h.id ORDER BY h.id) AS ids
+      FROM batch b CROSS JOIN LATERAL unnest(b.after_ns) AS a(n) JOIN heads h ON h.n = a.n
+     GROUP BY b.n
+),
 rows_ AS (
-    SELECT b.*, dr.id, h.id AS head_id, g.i AS array_index, g.pos,
-           (SELECT coalesce(array_agg(hh.id ORDER BY hh.id), '{}') FROM heads hh
-             WHERE hh.n = ANY(b.after_ns)) AS batch_after,
-           d.unfinished
-      FROM batch b
-      JOIN deps d ON d.n = b.n
-      JOIN placed p ON p.n = b.n
-      JOIN heads h ON h.n = b.n
-     CROSS JOIN LATERAL (
-         SELECT i, row_number() OVER (ORDER BY i) AS pos
-           FROM generate_series(coalesce(b.array_first, 0), coalesce(b.array_last, 0)) AS i
-     ) g
-      JOIN drawn dr ON dr.k = p.start + g.pos
+    SELECT b.*, dr.id, h.id AS head_id, e.array_index, e.pos,
+           coalesce(nm.ids, '{}') AS batch_after, d.unfinished
+      FROM expanded e
+      JOIN drawn dr ON dr.k = e.k
+      JOIN batch b ON b.n = e.n
+      JOIN deps d ON d.n = e.n
+      JOIN heads h ON h.n = e.n
+      LEFT JOIN named nm ON nm.n = e.n
 ),
 inserted AS (
     INSERT INTO jobs (id, name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
