@@ -218,8 +218,16 @@ CREATE TABLE IF NOT EXISTS jobs (
     owner                text        NOT NULL DEFAULT 'anonymous',
     -- when a run of it was last preempted (database time): not again within preempt_cooldown_s
     preempted_at         timestamptz,
+    -- the failure policy (runtime/jobs.py, JobSpec; retry_refusal): the exit codes a failed run
+    -- may be retried on ('{}': any), the reasons that fail it at once; an array's task: how many
+    -- of its array's tasks may fail before the rest are cancelled (NULL: no limit;
+    -- array_task_failed)
+    retry_on_exit        integer[]   NOT NULL DEFAULT '{}',
+    no_retry_on          text[]      NOT NULL DEFAULT '{}',
+    array_max_failed     integer     CHECK (array_max_failed > 0),
     -- a job depends only on jobs older than itself (queries.SUBMIT_JOB names only jobs that
-    -- exist), so its dependencies never form a cycle
+    -- exist; queries.SUBMIT_JOBS gives a batch's jobs ids above those of the jobs of the batch
+    -- they name), so its dependencies never form a cycle
     CONSTRAINT jobs_after_older_check CHECK (id > ALL (after_ids))
 );
 CREATE INDEX IF NOT EXISTS jobs_pending_order ON jobs (priority DESC, id) WHERE state = 'pending';
@@ -394,7 +402,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 -- This file's version: the newest migration's (actors/migrations/).
-INSERT INTO schema_version (version) VALUES (10) ON CONFLICT (version) DO NOTHING;
+INSERT INTO schema_version (version) VALUES (11) ON CONFLICT (version) DO NOTHING;
 
 -- ================================================================ routines
 -- Everything below is functions, triggers and views, each CREATE OR REPLACE: applied with the
@@ -655,22 +663,63 @@ CREATE OR REPLACE FUNCTION retries(
     SELECT NOT p_cancel_requested AND p_failures + p_spent < p_max_attempts
 $$;
 
+-- Whether a failed run may be retried by its job's failure policy (runtime/jobs.py, JobSpec:
+-- retry_on_exit, no_retry_on): NULL when it may, else the detail the job ends failed with, saying
+-- why. The one rule of failure policies (after_run, and record_outcomes' late reports).
+-- p_detail: the run's detail; the reason it names is the word before its colon (``oom_killed:
+-- ...``, or a bare ``timeout``), as record_outcomes reads an end reason. A run that names a
+-- reason is refused when no_retry_on holds it (the detail: the run's, then ``(not retried:
+-- oom_killed is in no_retry_on [oom_killed])``); one that names none failed by its exit code
+-- (p_exit_code, NULL: none), refused when retry_on_exit is not empty and does not hold it (the
+-- detail: ``exit code 2 is not in retry_on_exit [1, 75]``). Kubernetes' podFailurePolicy
+-- (onExitCodes, action FailJob) is the model.
+CREATE OR REPLACE FUNCTION retry_refusal(
+    p_retry_on_exit integer[], p_no_retry_on text[], p_detail text, p_exit_code integer
+) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN r.reason IS NOT NULL
+        THEN CASE WHEN r.reason = ANY(p_no_retry_on)
+                  THEN left(p_detail, 800) || ' (not retried: ' || r.reason || ' is in no_retry_on ['
+                       || array_to_string(p_no_retry_on, ', ') || '])' END
+        WHEN cardinality(p_retry_on_exit) = 0 THEN NULL
+        WHEN p_exit_code IS NULL
+        THEN 'it ended with no exit code, and retry_on_exit is ['
+             || array_to_string(p_retry_on_exit, ', ') || ']: ' || left(p_detail, 800)
+        WHEN p_exit_code <> ALL(p_retry_on_exit)
+        THEN 'exit code ' || p_exit_code || ' is not in retry_on_exit ['
+             || array_to_string(p_retry_on_exit, ', ') || ']'
+    END
+      FROM (SELECT substring(p_detail FROM '^([a-z_]+)(?::|$)') AS reason) r
+$$;
+
 -- What the end of a run makes of its job, the one rule of retries (record_outcomes and
 -- queries.END_TIMED_OUT_ASSIGNMENTS), returning the columns its caller sets in this order. j: the
 -- job's row as the caller's UPDATE finds it (READ COMMITTED re-reads the newest version, so a
 -- cancel that committed first is seen). p_outcome 'succeeded' ends the job; 'failed' spends one
--- of its max_attempts and, while attempts are left and no cancel was asked, makes it pending
--- again (not started, not placed before now() plus retry_delay_s, its reason naming the attempt
--- and p_why), else ends it failed; 'cancelled' (a run the leader stopped, its cancel asked)
--- spends one and ends it. An ended job keeps p_started_at and p_finished_at, its run's.
+-- of its max_attempts and, while attempts are left, no cancel was asked and its failure policy
+-- allows it (retry_refusal of p_detail and p_exit_code), makes it pending again (not started, not
+-- placed before now() plus retry_delay_s, its reason naming the attempt and p_why), else ends it
+-- failed, its detail p_detail, or, when only the policy refused the retry, retry_refusal's
+-- (``exit code 2 is not in retry_on_exit [1, 75]``); 'cancelled' (a run the leader stopped, its
+-- cancel asked) spends one and ends it. An ended job keeps p_started_at and p_finished_at, its
+-- run's.
 CREATE OR REPLACE FUNCTION after_run(
-    j jobs, p_outcome text, p_why text, p_started_at timestamptz, p_finished_at timestamptz,
+    j jobs, p_outcome text, p_why text, p_exit_code integer, p_detail text,
+    p_started_at timestamptz, p_finished_at timestamptz,
     OUT state text, OUT failures integer, OUT started_at timestamptz, OUT finished_at timestamptz,
-    OUT pending_seq bigint, OUT pending_xid bigint, OUT not_before timestamptz, OUT reason text
+    OUT pending_seq bigint, OUT pending_xid bigint, OUT not_before timestamptz, OUT reason text,
+    OUT detail text
 ) LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    refusal text;
 BEGIN
     failures := j.failures + CASE WHEN p_outcome = 'succeeded' THEN 0 ELSE 1 END;
+    detail := p_detail;
     IF p_outcome = 'failed' AND retries(j.cancel_requested, j.failures, 1, j.max_attempts) THEN
+        refusal := retry_refusal(j.retry_on_exit, j.no_retry_on, p_detail, p_exit_code);
+    END IF;
+    IF p_outcome = 'failed' AND retries(j.cancel_requested, j.failures, 1, j.max_attempts)
+       AND refusal IS NULL THEN
         state := 'pending';
         pending_seq := nextval('pending_seq');
         pending_xid := pg_current_xact_id()::text::bigint;
@@ -684,8 +733,44 @@ BEGIN
         pending_xid := j.pending_xid;
         not_before := j.not_before;
         reason := '';
+        detail := coalesce(refusal, p_detail);
     END IF;
 END $$;
+
+-- When a task of an array with a max_failed_tasks (array_max_failed) has failed for good, in the
+-- transaction that ends it (whichever statement does: an outcome, a late one, a timeout, a loss
+-- that spent the last attempt): once that many of the array's tasks have failed, its tasks that
+-- have not ended are cancelled, detail ``max_failed_tasks: ...`` (waiting and pending ones at
+-- once, assigned and running ones by a cancel the leader carries out, as CancelJob's), so the
+-- array has failed (dependency_states). The count is taken under a transaction-scoped advisory
+-- lock on the array, in a fresh snapshot, so two tasks failing in concurrent transactions count
+-- each other (the second waits for the first's commit). Kubernetes' maxFailedIndexes is the
+-- model (there: more than the limit; here: at least, as the field's name says).
+CREATE OR REPLACE FUNCTION array_task_failed() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    v_failed bigint;
+    v_why text;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('stockade.array_failed.' || NEW.array_id, 0));
+    SELECT count(*) INTO v_failed FROM jobs WHERE array_id = NEW.array_id AND state = 'failed';
+    IF v_failed < NEW.array_max_failed THEN
+        RETURN NULL;
+    END IF;
+    v_why := 'max_failed_tasks: cancelled because ' || v_failed || ' of the array''s tasks failed '
+             || '(max_failed_tasks ' || NEW.array_max_failed || ', array ' || NEW.array_id || ')';
+    UPDATE jobs
+       SET state = 'cancelled', finished_at = now(), reason = '', detail = v_why,
+           cancel_requested_at = coalesce(cancel_requested_at, now())
+     WHERE array_id = NEW.array_id AND state IN ('waiting', 'pending');
+    UPDATE jobs
+       SET cancel_requested = true, cancel_requested_at = coalesce(cancel_requested_at, now()),
+           detail = v_why
+     WHERE array_id = NEW.array_id AND state IN ('assigned', 'running') AND NOT cancel_requested;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER jobs_array_task_failed AFTER UPDATE OF state ON jobs
+    FOR EACH ROW WHEN (NEW.state = 'failed' AND OLD.state <> 'failed' AND NEW.array_max_failed IS NOT NULL)
+    EXECUTE FUNCTION array_task_failed();
 
 -- What losing a run makes of its job, the one rule of the leader's requeues
 -- (queries.END_ORPHANED_ASSIGNMENTS, END_CANCELLED_ASSIGNMENTS), returning the columns its
@@ -862,11 +947,11 @@ BEGIN
     ),
     ended AS (
         UPDATE jobs j
-           SET (state, failures, started_at, finished_at, pending_seq, pending_xid, not_before, reason)
-                 = (SELECT * FROM after_run(j, o.state, left(o.detail, 200), timed.started_at,
-                                            timed.finished_at)),
-               exit_code = o.exit_code, stdout_path = o.stdout_path, stderr_path = o.stderr_path,
-               detail = o.detail
+           SET (state, failures, started_at, finished_at, pending_seq, pending_xid, not_before, reason,
+                detail)
+                 = (SELECT * FROM after_run(j, o.state, left(o.detail, 200), o.exit_code, o.detail,
+                                            timed.started_at, timed.finished_at)),
+               exit_code = o.exit_code, stdout_path = o.stdout_path, stderr_path = o.stderr_path
           FROM timed JOIN o ON o.assignment_id = timed.id
          WHERE timed.was_active AND j.id = timed.job_id AND j.state IN ('assigned', 'running')
     )
@@ -901,8 +986,10 @@ BEGIN
     IF late > 0 THEN
         -- A late outcome ends the job (step 3 above), but a late failure of a job with
         -- attempts left only spends one (none when count_lost: the loss spent it already),
-        -- and the job stays pending, placed again as its requeue said. A job that count_lost
-        -- made failed when this loss spent its last attempt takes the run's true outcome.
+        -- and the job stays pending, placed again as its requeue said, unless its failure
+        -- policy refuses a retry (retry_refusal): then it ends failed, its detail saying why. A
+        -- job that count_lost made failed when this loss spent its last attempt takes the
+        -- run's true outcome.
         WITH o AS (
             SELECT * FROM unnest(p_assignment_ids, p_states, p_exit_codes, p_run_ms,
                                  p_ended_ago_ms, p_stdout_paths, p_stderr_paths, p_details)
@@ -912,22 +999,26 @@ BEGIN
         )
         , flipped AS (
         UPDATE jobs j
-           SET state = CASE WHEN o.state = 'failed' AND j.state = 'pending'
-                                 AND retries(false, j.failures, (NOT j.count_lost)::int, j.max_attempts)
-                            THEN 'pending' ELSE o.state END,
+           SET (state, reason, finished_at, detail) = (
+                   SELECT CASE WHEN k.kept THEN 'pending' ELSE o.state END,
+                          CASE WHEN k.kept THEN j.reason ELSE '' END,
+                          CASE WHEN k.kept THEN j.finished_at ELSE f.finished_at END,
+                          coalesce(k.refusal, o.detail)
+                     FROM (SELECT r.retrying AND r.refusal IS NULL AS kept, r.refusal
+                             FROM (SELECT p.retrying,
+                                          CASE WHEN p.retrying
+                                               THEN retry_refusal(j.retry_on_exit, j.no_retry_on,
+                                                                  o.detail, o.exit_code)
+                                          END AS refusal
+                                     FROM (SELECT o.state = 'failed' AND j.state = 'pending'
+                                                  AND retries(false, j.failures, (NOT j.count_lost)::int,
+                                                              j.max_attempts) AS retrying) p) r) k),
                failures = j.failures + CASE WHEN o.state = 'failed' AND NOT j.count_lost THEN 1 ELSE 0 END,
                exit_code = o.exit_code,
-               reason = CASE WHEN o.state = 'failed' AND j.state = 'pending'
-                                  AND retries(false, j.failures, (NOT j.count_lost)::int, j.max_attempts)
-                             THEN j.reason ELSE '' END,
                -- dated within the lost assignment: it ended before the leader ended it (strictly,
                -- so the job's history tells the requeue in between: queries.JOB_EVENTS)
                started_at = run_started_at(a.created_at, f.finished_at, o.run_ms),
-               finished_at = CASE WHEN o.state = 'failed' AND j.state = 'pending'
-                                       AND retries(false, j.failures, (NOT j.count_lost)::int, j.max_attempts)
-                                  THEN j.finished_at
-                                  ELSE f.finished_at END,
-               stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail
+               stdout_path = o.stdout_path, stderr_path = o.stderr_path
           FROM o JOIN assignments a ON a.id = o.assignment_id
          CROSS JOIN LATERAL (
              SELECT run_finished_at(a.created_at, a.ended_at - interval '1 microsecond', o.ended_ago_ms)

@@ -44,8 +44,18 @@ def request_digest(rpc: str, items: Iterable[Any]) -> bytes:
 
 def job_item(job: JobSpec) -> list[Any]:
     """A checked job as it enters a request's digest: the columns it is stored in, in their
-    order; raises ValueError for a job with no runtime (not checked)."""
-    return list(attrs.astuple(queries.job_columns(job)))
+    order, then its failure policy, max_failed_tasks and after_names as one more item when any
+    is set (so the digest of a job without them is the one stored before they existed, and a
+    copy of a call sent across an upgrade is still a copy); raises ValueError for a job with
+    no runtime (not checked)."""
+    columns = queries.job_columns(job)
+    policy = [columns.retry_on_exit, columns.no_retry_on, columns.array_max_failed, list(job.after_names)]
+    older = list(attrs.astuple(columns))[: -len(_NEWER_COLUMNS)]
+    return older + ([policy] if any(policy) else [])
+
+
+_NEWER_COLUMNS = ("retry_on_exit", "no_retry_on", "array_max_failed")
+"""The columns of :class:`actors.queries.JobColumns` (its last) that a digest holds apart."""
 
 
 def registration_digest(*, address: str, cpu_millis: int, memory_mb: int, labels: Mapping[str, str]) -> bytes:

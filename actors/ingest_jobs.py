@@ -114,6 +114,12 @@ class JobHandlers(AdmittedService):
 
     async def submit_job(self, request: pb.SubmitJobRequest) -> pb.SubmitJobReply:
         job = job_spec_from_pb(request.spec).check()
+        if job.after_names:
+            raise InvalidArgument(
+                "after_names",
+                list(job.after_names),
+                "must be empty in SubmitJob (name jobs of the same SubmitJobs request; give ids in after)",
+            )
         key = check_idempotency_key(request.idempotency_key)
         digest = idempotency.request_digest("submit_job", [idempotency.job_item(job)])
         async with self.admitted("submit_job"):
@@ -239,11 +245,13 @@ class JobHandlers(AdmittedService):
                     f"specs[{index}].priority", exc.value, exc.rule, detail=exc.detail
                 ) from None
             if not done.replayed:
-                self.pending_jobs += len(done.answer)
-        job_ids = sorted(int(r["id"]) for r in done.answer)
+                # An array counts as its tasks against the queue's limit.
+                self.pending_jobs += sum(int(r.get("tasks", 1)) for r in done.answer)
+        # In the request's order (answers stored before the batch's positions: ids in order).
+        job_ids = [int(r["id"]) for r in sorted(done.answer, key=lambda r: (r.get("n", 0), r["id"]))]
         if not done.replayed:
             # One line per batch, listing its ids (a 10,000-job batch: one line, not 10,000).
-            log.get("ingest").info("jobs submitted", count=len(job_ids), job_ids=job_ids)
+            log.get("ingest").info("jobs submitted", count=len(job_ids), job_ids=sorted(job_ids))
         return pb.SubmitJobsReply(job_ids=job_ids)
 
     async def sweep_idempotency_keys(self) -> int:

@@ -38,7 +38,9 @@ def job_info(row: Any, *, env_values: bool) -> pb.JobInfo:
         not_before_unix_s=row["not_before_unix_s"] or 0.0 if row["state"] == "pending" else 0.0,
     )
     if row["cancel_requested"] and row["state"] in ("assigned", "running"):
-        info.reason = "cancelling"
+        # A task its array's max_failed_tasks cancels says so (schema.sql, array_task_failed).
+        why = row["detail"] or ""
+        info.reason = "cancelling: " + why if why.startswith("max_failed_tasks:") else "cancelling"
     elif row["detail"] and not info.reason:
         info.reason = row["detail"]
     return info

@@ -23,6 +23,7 @@ from runtime.checks import check_text as _text
 from runtime.constraints import MAX_CONSTRAINTS, MAX_IN_VALUES
 from runtime.errors import InvalidArgument
 from runtime.jobs import (
+    FAILURE_REASONS,
     MAX_AFTER,
     MAX_ARGV_BYTES,
     MAX_ARGV_ITEMS,
@@ -38,9 +39,11 @@ from runtime.jobs import (
     MAX_NAME_BYTES,
     MAX_PRIORITY,
     MAX_RETRY_BACKOFF_S,
+    MAX_RETRY_EXIT_CODE,
     MAX_SLEEP_MS,
     MAX_TIMEOUT_S,
     MAX_WORKDIR_BYTES,
+    MIN_RETRY_EXIT_CODE,
     MIN_TIMEOUT_S,
 )
 from runtime.schedules import (
@@ -270,15 +273,36 @@ LIMITS = (
         f"empty, or an absolute path of at most {_n(MAX_WORKDIR_BYTES)} bytes; no control characters",
         ("MAX_WORKDIR_BYTES",),
     ),
-    Limit("job `after` (`--after`)", f"at most {_n(MAX_AFTER)} job ids, each once", ("MAX_AFTER",)),
+    Limit(
+        "job `after` (`--after`) and `after_names`",
+        f"at most {_n(MAX_AFTER)} job ids and names of jobs of the same batch (a job file's `after` "
+        "holds both), each once; names of 1 to 128 bytes",
+        ("MAX_AFTER",),
+    ),
     Limit(
         "job `array` (`--array FIRST-LAST[%MAX_RUNNING]`)",
         f"indexes 0 to {_n(MAX_ARRAY_INDEX)}, LAST not below FIRST, at most {_n(MAX_ARRAY_TASKS)} tasks",
         ("MAX_ARRAY_INDEX", "MAX_ARRAY_TASKS"),
     ),
     Limit(
+        "job `array.max_failed_tasks` (`--max-failed-tasks`)",
+        "1 to the array's tasks, with an array only; none (0 on the wire): no limit",
+        (),
+    ),
+    Limit(
+        "job `retry_on_exit` (`--retry-on-exit`)",
+        f"exit codes {MIN_RETRY_EXIT_CODE} to {MAX_RETRY_EXIT_CODE}, each once",
+        ("MAX_RETRY_EXIT_CODE",),
+    ),
+    Limit(
+        "job `no_retry_on` (`--no-retry-on`)",
+        "failure reasons, each once: " + ", ".join(f"`{r}`" for r in FAILURE_REASONS),
+        (),
+    ),
+    Limit(
         "`specs` of one SubmitJobs request (`stockade jobs` splits larger batches)",
-        f"1 to {_n(MAX_BATCH_JOBS)} jobs",
+        f"1 to {_n(MAX_BATCH_JOBS)} jobs, and at most {_n(MAX_BATCH_JOBS)} rows with each array's "
+        "tasks counted",
         ("MAX_BATCH_JOBS",),
     ),
     Limit(

@@ -127,6 +127,9 @@ class History:
     ``jobs.max_attempts``."""
     schedules: tuple[ScheduleRecord, ...] = ()
     schedule_slots: tuple[SlotRecord, ...] = ()
+    policy_jobs: frozenset[int] = frozenset()
+    """Jobs with a failure policy (``retry_on_exit`` or ``no_retry_on``), which may end failed
+    with attempts left (schema.sql, retry_refusal)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -548,7 +551,11 @@ SELECT worker_id, incarnation, epoch, extract(epoch FROM declared_at)::float8 AS
        extract(epoch FROM last_heartbeat_at)::float8 AS last_heartbeat_at
   FROM worker_deaths ORDER BY id
 """
-JOB_STATES = "SELECT id, state, failures, max_attempts FROM jobs"
+JOB_STATES = """
+SELECT id, state, failures, max_attempts,
+       cardinality(retry_on_exit) + cardinality(no_retry_on) > 0 AS has_policy
+  FROM jobs
+"""
 STALE_WRITES = "SELECT count(*) FROM stale_writes"
 ELECTIONS = "SELECT count(*) FROM lease_history"
 LEAVES = "SELECT count(*) FROM worker_leaves"
@@ -652,6 +659,7 @@ async def load_history(database_url: str) -> History:
         deaths=tuple(DeathRecord(**dict(r)) for r in deaths),
         job_states={r["id"]: r["state"] for r in jobs},
         job_attempts={r["id"]: (r["failures"], r["max_attempts"]) for r in jobs},
+        policy_jobs=frozenset(r["id"] for r in jobs if r["has_policy"]),
         dependency_cancels={r["id"]: r["dependency"] for r in dependency_cancels},
         dependency_states={r["dependency"]: r["dependency_state"] for r in dependency_cancels},
         stale_writes_rejected=stale,

@@ -140,7 +140,8 @@ def _as_dependency(history: History, job_id: int | None) -> str:
 def wrong_final_states(history: History, expected: Mapping[int, str] | None = None) -> dict[int, str]:
     """Jobs whose final state contradicts their runs, their retry budget, their dependencies
     or ``expected`` (job id -> the final state its submitter knows it must reach), with why:
-    more failed runs than ``max_attempts``; ``failed`` with attempts left; ``succeeded`` with
+    more failed runs than ``max_attempts``; ``failed`` with attempts left (but by a failure
+    policy, ``History.policy_jobs``); ``succeeded`` with
     no run whose success the database holds; cancelled as ``dependency_failed`` naming a job
     that did not fail; another final state than expected."""
     failed_runs: dict[int, int] = defaultdict(int)
@@ -159,7 +160,13 @@ def wrong_final_states(history: History, expected: Mapping[int, str] | None = No
             found[job_id] = (
                 f"job {job_id}: {failed_runs[job_id]} failed runs, more than its max_attempts {most}"
             )
-        elif state == "failed" and spent is not None and most is not None and spent < most:
+        elif (
+            state == "failed"
+            and spent is not None
+            and most is not None
+            and spent < most
+            and job_id not in history.policy_jobs
+        ):
             found[job_id] = f"job {job_id}: failed with attempts left ({spent} of {most} spent)"
         elif state == "succeeded" and job_id not in succeeded:
             found[job_id] = f"job {job_id}: succeeded, but no run of it reported a success"

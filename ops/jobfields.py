@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import attrs
+
 from runtime.constraints import Constraint, parse_constraint
 from runtime.errors import InvalidArgument
 from runtime.jobs import (
@@ -44,8 +46,11 @@ FIELDS: dict[str, str] = {
     "constraints": 'list of text: rules on worker labels, "key=value", "key!=value", "key", "key in (a,b)"',
     "env": "table of text: environment variables",
     "workdir": "text: the working directory, an absolute path on the worker",
-    "after": "list of job ids: run once all of them have succeeded",
+    "after": "list of job ids, and names of jobs of the same file: run once all of them have succeeded",
     "array": 'text: "FIRST-LAST[%MAX_RUNNING]", an array of tasks',
+    "max_failed_tasks": "integer, with array: once this many tasks failed, cancel the rest, fail the array",
+    "retry_on_exit": "list of exit codes 1-255: retry only failures that exit with one of these",
+    "no_retry_on": "list of reasons (oom_killed, timeout, ...): fail at once when a run fails for one",
 }
 """Every field of a job, with what it holds (``stockade run --help`` lists them)."""
 
@@ -59,12 +64,16 @@ OPTIONS = {
     "workdir": "--workdir",
     "after": "--after",
     "array": "--array",
+    "max_failed_tasks": "--max-failed-tasks",
+    "retry_on_exit": "--retry-on-exit",
+    "no_retry_on": "--no-retry-on",
 }
 """``stockade submit``'s option of each lifecycle field, as its errors name it (the older fields'
 errors keep the spec's names, but ``--image`` and ``--sleep-s``)."""
 _OPTION_NAMES = {**OPTIONS, "image": "--image", "sleep_s": "--sleep-s"}
 
 _WIRE_NAMES = {
+    "after_names": "after",
     "sleep.duration_ms": "sleep_s",
     "command.argv": "command",
     "container.argv": "command",
@@ -120,8 +129,29 @@ def spec_of(fields: Mapping[str, Any]) -> JobSpec:
         if fields.get(required) is None:
             raise InvalidArgument(required, None, "must be given")
     runtime = runtime_of(fields)
-    given_apart = ("name", "cpu_millis", "memory_mb", "sleep_s", "command", "image")
+    given_apart = ("name", "cpu_millis", "memory_mb", "sleep_s", "command", "image", "max_failed_tasks")
     optional = {k: fields[k] for k in FIELDS if k not in given_apart and fields.get(k) is not None}
+    after = tuple(fields.get("after") or ())
+    optional["after"] = tuple(item for item in after if not isinstance(item, str))
+    optional["after_names"] = tuple(item for item in after if isinstance(item, str))
+    max_failed = fields.get("max_failed_tasks")
+    if max_failed is not None:
+        array = fields.get("array")
+        if array is None:
+            raise InvalidArgument(
+                "max_failed_tasks", max_failed, "must come with an array (array or --array)"
+            )
+        if (
+            isinstance(max_failed, bool)
+            or not isinstance(max_failed, int)
+            or not 1 <= max_failed <= array.tasks
+        ):
+            raise InvalidArgument(
+                "max_failed_tasks",
+                max_failed,
+                f"must be between 1 and the array's {array.tasks} tasks (leave it out for no limit)",
+            )
+        optional["array"] = attrs.evolve(array, max_failed_tasks=max_failed)
     spec = JobSpec(
         name=fields["name"] if fields.get("name") is not None else default_name(runtime),
         cpu_millis=fields["cpu_millis"],
@@ -206,6 +236,24 @@ def ids_option(option: str, items: Iterable[str]) -> list[int]:
     return ids
 
 
+def exit_codes_option(option: str, items: Iterable[str]) -> list[int]:
+    """``--retry-on-exit CODE[,CODE...]`` values (repeatable) as integers, in order;
+    InvalidArgument unless comma-separated whole numbers (the range is the spec's rule)."""
+    codes = []
+    for item in items:
+        for part in item.split(","):
+            if re.fullmatch(r"\s*[-+]?[0-9]{1,30}\s*", part) is None:
+                raise InvalidArgument(option, item, "must be exit codes separated by commas (e.g. 1,75)")
+            codes.append(int(part))
+    return codes
+
+
+def names_option(items: Iterable[str]) -> list[str]:
+    """``--no-retry-on REASON[,REASON...]`` values (repeatable) as names, in order (the
+    vocabulary is the spec's rule)."""
+    return [part.strip() for item in items for part in item.split(",")]
+
+
 def spec_of_options(options: Mapping[str, Any]) -> JobSpec:
     """:func:`spec_of` for ``stockade submit``, from its options: the older ones as typer read
     them, the lifecycle ones (:data:`OPTIONS`) as text, so that every error names the option and
@@ -224,6 +272,9 @@ def spec_of_options(options: Mapping[str, Any]) -> JobSpec:
         )
         fields["env"] = env_option("env", options.get("env") or ())
         fields["after"] = ids_option("after", options.get("after") or ())
+        fields["max_failed_tasks"] = int_option("max_failed_tasks", options.get("max_failed_tasks"))
+        fields["retry_on_exit"] = exit_codes_option("retry_on_exit", options.get("retry_on_exit") or ())
+        fields["no_retry_on"] = names_option(options.get("no_retry_on") or ())
         array = options.get("array")
         fields["array"] = None if array is None else parse_array(array, field="array")
         return spec_of(fields)
@@ -279,9 +330,25 @@ def _env(field: str, value: Any) -> tuple[tuple[str, str], ...]:
     return tuple((name, _text(f"{field}[{name}]", item)) for name, item in value.items())
 
 
-def _ids(field: str, value: Any) -> tuple[int, ...]:
+def _after(field: str, value: Any) -> tuple[int | str, ...]:
+    """Job ids (whole numbers) and names of jobs of the same file (text), in the file's order."""
     items = value if isinstance(value, list) else [value]
-    return tuple(_whole(f"{field}[{index}]", item) for index, item in enumerate(items))
+    return tuple(
+        item if isinstance(item, str) else _whole(f"{field}[{index}]", item)
+        for index, item in enumerate(items)
+    )
+
+
+def _exit_codes(field: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise InvalidArgument(field, value, "must be a list of exit codes, e.g. [1, 75]")
+    return tuple(_whole(f"{field}[{index}]", item) for index, item in enumerate(value))
+
+
+def _reasons(field: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise InvalidArgument(field, value, 'must be a list of reasons, e.g. ["oom_killed"]')
+    return tuple(_text(f"{field}[{index}]", item) for index, item in enumerate(value))
 
 
 def _array(field: str, value: Any) -> Any:
@@ -305,8 +372,11 @@ _READERS: dict[str, Callable[[str, Any], Any]] = {
     "constraints": _constraints,
     "env": _env,
     "workdir": _text,
-    "after": _ids,
+    "after": _after,
     "array": _array,
+    "max_failed_tasks": _whole,
+    "retry_on_exit": _exit_codes,
+    "no_retry_on": _reasons,
 }
 """How each field's value in a file is read (its type; the rules are the spec's)."""
 assert _READERS.keys() == FIELDS.keys()
@@ -374,8 +444,11 @@ def fields_of(spec: JobSpec) -> dict[str, Any]:
             "constraints": [c.describe() for c in spec.constraints],
             "env": dict(spec.env),
             "workdir": spec.workdir or None,
-            "after": list(spec.after),
+            "after": [*spec.after, *spec.after_names],
             "array": spec.array.describe() if spec.array is not None else None,
+            "max_failed_tasks": spec.array.max_failed_tasks or None if spec.array is not None else None,
+            "retry_on_exit": list(spec.retry_on_exit),
+            "no_retry_on": list(spec.no_retry_on),
         }
     )
     return fields

@@ -4,7 +4,9 @@ A file holds one job (its fields, :data:`ops.jobfields.FIELDS`, at the top level
 each a table in the list ``job`` (TOML ``[[job]]``; YAML ``job:`` with a list, or a list at the
 top level); a ``status`` table (``stockade job ID --json``'s) is ignored. TOML, YAML or JSON;
 every value goes through :meth:`runtime.jobs.JobSpec.check`, and an error names the file, line
-and field (``jobs.toml:7: max_attempts must be between 1 and 100, got 0``). A file is refused
+and field (``jobs.toml:7: max_attempts must be between 1 and 100, got 0``). Jobs and arrays of
+one file may name each other in ``after`` (a pipeline, :func:`runtime.validation.pipeline_order`:
+``jobs.toml:9: after: cycle a -> b -> a``). A file is refused
 whole, before anything is sent, when it is too large, not UTF-8, nested too deep, names an
 unknown field, or holds too many jobs. A top-level ``schedules`` list adds periodic jobs
 (docs/schedules.md), each a table of ``name``, ``cron``, ``tz``, ``concurrency_policy``,
@@ -27,6 +29,7 @@ from typing import Any
 from ops.jobfields import FIELDS, STATUS_KEY, spec_of_table, unknown_fields_message
 from runtime.errors import InvalidArgument
 from runtime.jobs import JobSpec
+from runtime.validation import PipelineError, pipeline_order
 
 MAX_JOB_FILE_BYTES = 1024 * 1024
 """Largest job file, in bytes (1 MiB: 10,000 jobs of 100 bytes each), refused before parsing."""
@@ -405,13 +408,13 @@ def _specs(shown: str, jobs: list[Any], lines: _Lines) -> list[JobSpec]:
         except InvalidArgument as exc:
             raise JobFileError(where(_error_path(exc)), str(exc), field=exc.field, value=exc.value) from None
         specs.append(spec)
-    arrays = [i for i, s in enumerate(specs) if s.array is not None]
-    if arrays and len(specs) > 1:
+    try:
+        pipeline_order(specs)
+    except PipelineError as exc:
+        field = "name" if exc.field.endswith(".name") else "after"
         raise JobFileError(
-            where_of(shown, lines, arrays[0], ("array",)),
-            "an array job must be the only job of its file (an array is submitted on its own)",
-            field="array",
-        )
+            where_of(shown, lines, exc.index, (field,)), exc.words, field=field, value=exc.value
+        ) from None
     return specs
 
 

@@ -72,6 +72,25 @@ MAX_ARRAY_TASKS = 10_000
 """Most tasks of one array (as many as one batch submission)."""
 MAX_ARRAY_INDEX = 1_000_000
 """Largest task index of an array."""
+MIN_RETRY_EXIT_CODE = 1
+MAX_RETRY_EXIT_CODE = 255
+"""The exit codes ``retry_on_exit`` may list: those a process can end with on its own, but 0
+(success); a run killed by signal N reports ``-N`` and is never in the list."""
+FAILURE_REASONS = (
+    "timeout",
+    "oom_killed",
+    "workdir_not_found",
+    "workdir_denied",
+    "command_not_found",
+    "image_not_found",
+    "no_container_engine",
+    "container_error",
+    "resources_error",
+)
+"""The reasons a failed run may name (the word before the colon of its detail, ``oom_killed:
+...``, which ``record_outcomes`` in ``schema.sql`` records as its assignment's end reason; the
+agent's runtimes and the leader's timeouts write them), which ``no_retry_on`` may list. A run
+that names none failed by its exit code (detail ``exit code 2``)."""
 
 
 def _argv(value: Iterable[str]) -> tuple[str, ...]:
@@ -83,6 +102,10 @@ def _constraints(value: Iterable[Constraint]) -> tuple[Constraint, ...]:
 
 
 def _ids(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
+def _names(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
@@ -220,6 +243,11 @@ class ArrayRange:
     first_index: int
     last_index: int
     max_running: int = 0
+    max_failed_tasks: int = 0
+    """Once this many tasks have failed for good (their attempts spent, or failed at once by
+    their failure policy), the array's tasks that have not ended are cancelled and the array has
+    failed (Kubernetes' ``maxFailedIndexes``, counted as "at least" here); 0: no limit, each task
+    ends by itself. At most :attr:`tasks`."""
 
     @property
     def tasks(self) -> int:
@@ -240,6 +268,14 @@ class ArrayRange:
         check_int_between("array.first_index", self.first_index, 0, MAX_ARRAY_INDEX)
         check_int_between("array.last_index", self.last_index, 0, MAX_ARRAY_INDEX)
         check_int_between("array.max_running", self.max_running, 0, MAX_ARRAY_TASKS)
+        if isinstance(self.max_failed_tasks, bool) or not isinstance(self.max_failed_tasks, int):
+            raise InvalidArgument("array.max_failed_tasks", self.max_failed_tasks, "must be an integer")
+        if not 0 <= self.max_failed_tasks <= self.tasks:
+            raise InvalidArgument(
+                "array.max_failed_tasks",
+                self.max_failed_tasks,
+                f"must be between 1 and the array's {self.tasks} tasks (0 or none: no limit)",
+            )
         return self
 
     def describe(self) -> str:
@@ -349,8 +385,23 @@ class JobSpec:
     """The working directory, an absolute path on the worker; empty: the job's own folder."""
     after: tuple[int, ...] = attrs.field(default=(), converter=_ids)
     """Jobs that must all have succeeded before this one becomes pending."""
+    after_names: tuple[str, ...] = attrs.field(default=(), converter=_names)
+    """Jobs of the same batch (SubmitJobs; a job file) by name, each once, that must all have
+    succeeded before this one becomes pending (an array: all its tasks); resolved to the ids
+    the batch's transaction assigns (:func:`runtime.validation.pipeline_order`). With
+    ``after``, at most :data:`MAX_AFTER` in all."""
     array: ArrayRange | None = None
     """Submit as an array of tasks (:class:`ArrayRange`); None: one job."""
+    retry_on_exit: tuple[int, ...] = attrs.field(default=(), converter=_ids)
+    """The exit codes (:data:`MIN_RETRY_EXIT_CODE` to :data:`MAX_RETRY_EXIT_CODE`, each once)
+    of a failed run that may be retried; a run that failed with another exit code (or none, or
+    killed by a signal) ends the job failed at once, attempts left or not. Empty: every exit
+    code may be retried. Runs that failed for a reason (:data:`FAILURE_REASONS`) are judged by
+    ``no_retry_on`` instead (Kubernetes' ``podFailurePolicy``, ``onExitCodes``)."""
+    no_retry_on: tuple[str, ...] = attrs.field(default=(), converter=_names)
+    """Reasons (of :data:`FAILURE_REASONS`, each once) of a failed run that end the job failed
+    at once (``oom_killed``, ``timeout``...). The rule runs in one place, ``schema.sql``'s
+    ``retry_refusal``."""
 
     def check(self) -> JobSpec:
         """This spec, once it is found within every limit (fields in the order above).
@@ -400,8 +451,39 @@ class JobSpec:
             check_int_between(f"after[{index}]", job_id, 1, MAX_ID)
         if len(set(self.after)) != len(self.after):
             raise InvalidArgument("after", list(self.after), "must name each job once")
+        if len(self.after) + len(self.after_names) > MAX_AFTER:
+            raise InvalidArgument(
+                "after_names", len(self.after_names), f"must name at most {MAX_AFTER} jobs with after"
+            )
+        for index, name in enumerate(self.after_names):
+            check_text(f"after_names[{index}]", name, max_bytes=MAX_NAME_BYTES, printable=True)
+        if len(set(self.after_names)) != len(self.after_names):
+            raise InvalidArgument("after_names", list(self.after_names), "must name each job once")
         if self.array is not None:
             self.array.check()
+        self._check_failure_policy()
+
+    def _check_failure_policy(self) -> None:
+        """The rules of ``retry_on_exit`` and ``no_retry_on``."""
+        for index, code in enumerate(self.retry_on_exit):
+            if isinstance(code, bool) or not isinstance(code, int):
+                raise InvalidArgument(f"retry_on_exit[{index}]", code, "must be an integer")
+            check_int_between(f"retry_on_exit[{index}]", code, MIN_RETRY_EXIT_CODE, MAX_RETRY_EXIT_CODE)
+        twice = sorted({c for c in self.retry_on_exit if self.retry_on_exit.count(c) > 1})
+        if twice:
+            raise InvalidArgument(
+                "retry_on_exit", list(self.retry_on_exit), f"must list each exit code once ({twice[0]} twice)"
+            )
+        for index, reason in enumerate(self.no_retry_on):
+            if reason not in FAILURE_REASONS:
+                raise InvalidArgument(
+                    f"no_retry_on[{index}]", reason, "must be a failure reason: " + ", ".join(FAILURE_REASONS)
+                )
+        twice_named = sorted({r for r in self.no_retry_on if self.no_retry_on.count(r) > 1})
+        if twice_named:
+            raise InvalidArgument(
+                "no_retry_on", list(self.no_retry_on), f"must list each reason once ({twice_named[0]} twice)"
+            )
 
     def env_values_hidden(self) -> JobSpec:
         """This spec with every environment value replaced by :data:`HIDDEN_ENV_VALUE` (the

@@ -12,6 +12,7 @@ Imports stay light: ``stockade --help`` loads this module.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -33,7 +34,7 @@ MAX_LIST_LIMIT = 10_000
 """The most jobs one ListJobs may ask for (``stockade list --limit``)."""
 MAX_BATCH_JOBS = 10_000
 """The most jobs of one SubmitJobs (``stockade jobs`` splits larger batches)."""
-BATCH_ARRAY_RULE = "must be unset in a batch (submit an array with SubmitJob, one per call)"
+BATCH_ROWS_RULE = f"must hold at most {MAX_BATCH_JOBS} jobs, each array's tasks counted"
 MAX_IDEMPOTENCY_KEY_BYTES = 128
 """The longest idempotency key of a mutating call, in bytes of UTF-8."""
 MAX_TAIL_LINES = 100_000
@@ -62,8 +63,9 @@ def check_jobs(specs: Sequence[JobSpec]) -> list[JobSpec]:
     """Check a batch of specs (:meth:`runtime.jobs.JobSpec.check` each).
 
     Raises:
-        InvalidArgument: an empty or too large batch, or a bad job (an array among them: a
-            batch holds single jobs); the field is named with its index, e.g.
+        InvalidArgument: an empty or too large batch (more than :data:`MAX_BATCH_JOBS` jobs, or
+            rows with each array's tasks counted), a bad job, or jobs that name each other
+            wrongly (:func:`pipeline_order`); the field is named with its index, e.g.
             ``specs[3].cpu_millis``.
     """
     steps = check_jobs_steps(specs, spec_of=lambda spec: spec, step_jobs=len(specs) + 1)
@@ -91,17 +93,120 @@ def check_jobs_steps(
     if len(specs) > MAX_BATCH_JOBS:
         raise InvalidArgument("specs", len(specs), f"must hold at most {MAX_BATCH_JOBS} jobs")
     checked = []
+    rows = 0
     for index, spec in enumerate(specs):
         try:
             job = spec_of(spec).check()
         except InvalidArgument as exc:
             raise InvalidArgument(f"specs[{index}].{exc.field}", exc.value, exc.rule) from None
-        if job.array is not None:
-            raise InvalidArgument(f"specs[{index}].array", job.array.describe(), BATCH_ARRAY_RULE)
+        rows += 1 if job.array is None else job.array.tasks
+        if rows > MAX_BATCH_JOBS:
+            raise InvalidArgument("specs", f"{rows} rows by specs[{index}]", BATCH_ROWS_RULE)
         checked.append(job)
         if (index + 1) % step_jobs == 0:
             yield
+    pipeline_order(checked)
     return checked
+
+
+class PipelineError(InvalidArgument):
+    """A batch whose jobs name each other (``after_names``) in a way that cannot be stored: the
+    message names the field (``specs[1].after_names[0]``) as any InvalidArgument's.
+
+    Args:
+        index: the job at fault (from 0).
+        field: its field, as the wire names it (``after_names``, ``name``).
+        words: what is wrong, without the field's name, for a job file's message
+            (``after: cycle a -> b -> a``).
+    """
+
+    def __init__(self, index: int, field: str, value: object, rule: str, *, words: str) -> None:
+        super().__init__(f"specs[{index}].{field}", value, rule)
+        self.index = index
+        self.words = words
+
+
+def pipeline_order(specs: Sequence[JobSpec]) -> list[int]:
+    """The indexes of a batch's ``specs`` in the order they are stored: each after every job its
+    ``after_names`` names, else in the batch's order (Kahn's topological sort, the lowest index
+    first; A. B. Kahn, "Topological sorting of large networks", CACM 5(11), 1962). A name
+    stands for the one job of the batch called so; when any job names another, every name of
+    the batch must be different.
+
+    Raises:
+        PipelineError: ``specs[i].name`` shared by two jobs of a batch whose jobs name each
+            other; ``specs[i].after_names[j]`` naming no job of the batch; or
+            ``specs[i].after_names`` closing a cycle, the rule naming it (``after: cycle a ->
+            b -> a``; a job naming itself: ``after: cycle a -> a``).
+    """
+    named = [index for index, spec in enumerate(specs) if spec.after_names]
+    if not named:
+        return list(range(len(specs)))
+    by_name: dict[str, int] = {}
+    for index, spec in enumerate(specs):
+        first = by_name.setdefault(spec.name, index)
+        if first != index:
+            raise PipelineError(
+                index,
+                "name",
+                spec.name,
+                "must differ from every other job's when jobs of the batch name each other in after "
+                f"(specs[{first}] is called so too)",
+                words=f"name {spec.name!r} is job {first + 1}'s too; jobs that name each other in "
+                "after need names of their own",
+            )
+    needs: list[list[int]] = [[] for _ in specs]
+    for index in named:
+        for position, name in enumerate(specs[index].after_names):
+            if name not in by_name:
+                raise PipelineError(
+                    index,
+                    f"after_names[{position}]",
+                    name,
+                    "must name a job of the same batch",
+                    words=f"after names {name!r}, which is no job of this file nor a job id",
+                )
+            needs[index].append(by_name[name])
+    waiting = [len(set(n)) for n in needs]
+    dependants: list[list[int]] = [[] for _ in specs]
+    for index, deps in enumerate(needs):
+        for dep in set(deps):
+            dependants[dep].append(index)
+    ready = [index for index, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        index = heapq.heappop(ready)
+        order.append(index)
+        for dependant in dependants[index]:
+            waiting[dependant] -= 1
+            if waiting[dependant] == 0:
+                heapq.heappush(ready, dependant)
+    if len(order) < len(specs):
+        cycle = _a_cycle(needs, {i for i, count in enumerate(waiting) if count > 0})
+        words = "after: cycle " + " -> ".join(specs[i].name for i in cycle)
+        raise PipelineError(
+            cycle[0],
+            "after_names",
+            list(specs[cycle[0]].after_names),
+            f"must not close a cycle ({words})",
+            words=words,
+        )
+    return order
+
+
+def _a_cycle(needs: Sequence[Sequence[int]], left: set[int]) -> list[int]:
+    """A cycle among the jobs ``left`` (each needs one of them), from the lowest index, as
+    indexes with the first repeated at the end: following each job's first need still left
+    must come back to a job already walked."""
+    walked: dict[int, int] = {}
+    path: list[int] = []
+    index = min(left)
+    while index not in walked:
+        walked[index] = len(path)
+        path.append(index)
+        index = next(dep for dep in needs[index] if dep in left)
+    return [*path[walked[index] :], index]
 
 
 def check_list(state: str, limit: int) -> tuple[str, int]:

@@ -45,6 +45,9 @@ def job_spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         env=dict(spec.env),
         workdir=spec.workdir,
         after=list(spec.after),
+        retry_on_exit=[max(0, c) for c in spec.retry_on_exit],
+        no_retry_on=list(spec.no_retry_on),
+        after_names=list(spec.after_names),
     )
     if spec.array is not None:
         message.array = pb.JobArray(**attrs.asdict(spec.array))
@@ -103,5 +106,9 @@ def job_spec_from_pb(message: pb.JobSpec | None, *, strict: bool = True) -> JobS
             first_index=message.array.first_index,
             last_index=message.array.last_index,
             max_running=message.array.max_running,
+            max_failed_tasks=message.array.max_failed_tasks,
         ),
+        retry_on_exit=tuple(message.retry_on_exit),
+        no_retry_on=tuple(message.no_retry_on),
+        after_names=tuple(message.after_names),
     )

@@ -12,9 +12,10 @@ from actors.queries.idempotent import once
 # $1 name, $2 cpu_millis, $3 memory_mb, $4 priority, $5 runtime, $6 sleep_ms, $7 argv, $8 image,
 # $9 max_attempts, $10 retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON),
 # $14 env (JSON), $15 workdir, $16 after_ids, $17 an array's first index (NULL: one job), $18 its
-# last index, $19 its limit (0: none), $20 its owner (the caller's account), $21 the one account
+# last index, $19 its limit (0: none), $20 retry_on_exit, $21 no_retry_on, $22 the array's
+# max_failed_tasks (NULL: none), $23 its owner (the caller's account), $24 the one account
 # whose jobs it may name in after_ids (NULL: any; a user's own: another account's job is as no
-# job, so a dependency tells nothing of it), $22 its priority when held to the owner's
+# job, so a dependency tells nothing of it), $25 its priority when held to the owner's
 # max_priority (NULL: the caller is not capped, an operator); then the audit's, the idempotency
 # key and the request's sha256 (see once). One job, or one row per task of an array:
 # the first task's id is drawn first and is the array's id (array_id of every task). Its
@@ -22,7 +23,7 @@ from actors.queries.idempotent import once
 # nothing when one does not exist (its answer is then empty and no key is kept: the caller names
 # the missing ids). A task is waiting while a dependency has not succeeded, or while it is beyond
 # its array's limit (its position k from 1 above the limit); else pending. Answer: one row, id
-# (the job's, or the array's) and tasks (how many rows). Refused whole when $22 is above the
+# (the job's, or the array's) and tasks (how many rows). Refused whole when $25 is above the
 # owner's max_priority (SQLSTATE SK002), or when its rows would take the owner's pending and
 # waiting jobs over its max_pending (SK001) (schema.sql, check_submission; a replay is not checked).
 SUBMIT_JOB = once(
@@ -30,17 +31,17 @@ SUBMIT_JOB = once(
     """
 SELECT min(id) AS id, count(*) AS tasks FROM inserted HAVING count(*) > 0
 """,
-    params=22,
+    params=25,
     action="submit",
     steps="""deps AS (
     SELECT (SELECT count(*) FROM jobs d WHERE d.id = ANY($16::bigint[])
-                                          AND ($21::text IS NULL OR d.owner = $21::text))
+                                          AND ($24::text IS NULL OR d.owner = $24::text))
                = cardinality($16::bigint[]) AS all_exist,
            coalesce((SELECT array_agg(s.dep ORDER BY s.dep) FROM dependency_states($16::bigint[]) s
                       WHERE s.state <> 'succeeded'), '{}') AS unfinished
 ),
 queued AS (
-    SELECT check_submission($20::text, coalesce($18::int - $17::int + 1, 1), $22::bigint) AS ok FROM fresh
+    SELECT check_submission($23::text, coalesce($18::int - $17::int + 1, 1), $25::bigint) AS ok FROM fresh
 ),
 first AS (
     SELECT nextval('jobs_id_seq') AS id FROM fresh, deps, queued WHERE deps.all_exist AND queued.ok
@@ -53,7 +54,7 @@ inserted AS (
     INSERT INTO jobs (id, name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
                       max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env,
                       workdir, after_ids, array_id, array_index, array_max_running, state, reason,
-                      pending_seq, owner)
+                      pending_seq, owner, retry_on_exit, no_retry_on, array_max_failed)
     SELECT CASE WHEN t.k = 1 THEN f.id ELSE nextval('jobs_id_seq') END,
            $1::text, $2::int, $3::int, $4::int, $5::text, $6::bigint, $7::text[], $8::text,
            $9::int, $10::bigint, $11::boolean, $12::bigint, $13::jsonb, $14::jsonb, $15::text,
@@ -68,7 +69,8 @@ inserted AS (
                 WHEN coalesce($19::int, 0) > 0 AND t.k > $19::int
                 THEN 'array limit: ' || $19::int || ' running'
                 ELSE '' END,
-           nextval('pending_seq'), $20::text
+           nextval('pending_seq'), $23::text, $20::int[], $21::text[],
+           CASE WHEN $17::int IS NULL THEN NULL ELSE $22::int END
       FROM first f, deps, tasks t
      ORDER BY t.k
  RETURNING id
@@ -78,54 +80,130 @@ inserted AS (
 # $1 names, $2 cpu_millis, $3 memory_mb, $4 priorities, $5 runtimes, $6 sleep_ms, $7 argv as
 # JSON arrays (NULL for sleep jobs), $8 images (NULL but for container jobs), $9 max_attempts,
 # $10 retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON), $14 env (JSON),
-# $15 workdir, $16 after_ids (JSON arrays), $17 their owner (the caller's account), $18 the one
-# account whose jobs they may name (as SUBMIT_JOB's $21), $19 their highest priority when held to
-# the owner's max_priority (as SUBMIT_JOB's $22); then the audit's, the idempotency key and the
-# request's sha256 (see once). One statement: all jobs or none; none when a job names a
-# dependency that does not exist (already: a job of the batch cannot name another). A job waits
-# as SUBMIT_JOB's (a batch holds no array). Answer rows: id, one per job, drawn in order.
-# Refused whole over the owner's max_priority or max_pending, as SUBMIT_JOB.
+# $15 workdir, $16 after_ids, $17 retry_on_exit, $18 no_retry_on (JSON arrays), $19 an array's
+# first index (NULL: one job), $20 its last index, $21 its limit (0: none), $22 its
+# max_failed_tasks (NULL: none), $23 the jobs of the batch each must wait for (JSON arrays of
+# their positions in the batch, from 1), $24 each job's place in the order of storing (from 1:
+# each after those it waits for; runtime.validation.pipeline_order); $25 their owner (the
+# caller's account), $26 the one account whose jobs they may name (as SUBMIT_JOB's $24), $27
+# their highest priority when held to the owner's max_priority (as SUBMIT_JOB's $25); then the
+# audit's, the idempotency key and the request's sha256 (see once). One statement: all jobs or
+# none; none when a job names a dependency that does not exist. The ids of all rows (a job, or
+# each task of an array) are drawn first, then handed out in ascending order by the order of
+# storing (tasks by index), so a job's id is above those of the jobs of the batch it waits for
+# (jobs_after_older_check) whatever order nextval ran in; an array's id is its first task's.
+# A job naming jobs of the batch waits for their ids (an array's: all its tasks, as
+# dependency_states reads it) with its other dependencies; a task beyond its array's limit
+# waits as SUBMIT_JOB's. Answer rows: id (the job's or the array's), n (its position in the
+# batch, from 1), tasks. Refused whole over the owner's max_priority or max_pending, as
+# SUBMIT_JOB (every row counts).
 SUBMIT_JOBS = once(
     "submit_jobs",
     """
-INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
-                  max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env, workdir,
-                  after_ids, state, reason, pending_seq, owner)
-SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
-       CASE WHEN t.argv IS NULL THEN NULL
-            ELSE ARRAY(SELECT jsonb_array_elements_text(t.argv::jsonb)) END,
-       t.image, t.max_attempts, t.backoff_ms, t.count_lost, t.timeout_ms, t.constraints::jsonb,
-       t.env::jsonb, t.workdir, t.after,
-       CASE WHEN cardinality(d.unfinished) > 0 THEN 'waiting' ELSE 'pending' END,
-       CASE WHEN cardinality(d.unfinished) > 0
-            THEN 'waiting for job ' || array_to_string(d.unfinished, ', ') ELSE '' END,
-       nextval('pending_seq'), $17::text
-  FROM batch t JOIN deps d ON d.n = t.n, fresh, queued
- WHERE NOT EXISTS (SELECT FROM deps WHERE NOT deps.all_exist) AND queued.ok
- ORDER BY t.n
-RETURNING id
+SELECT h.id, h.n, b.tasks FROM heads h JOIN batch b ON b.n = h.n
+ WHERE h.id IN (SELECT id FROM inserted)
+ ORDER BY h.n
 """,
-    params=19,
+    params=27,
     action="submit",
     steps="""batch AS (
-    SELECT t.*, ARRAY(SELECT jsonb_array_elements_text(t.after_ids::jsonb)::bigint) AS after
+    SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms, t.argv, t.image, t.max_attempts,
+           t.backoff_ms, t.count_lost, t.timeout_ms, t.constraints, t.env, t.workdir, t.n,
+           t.array_first, t.array_last, t.array_max_running, t.array_max_failed, t.ord,
+           ARRAY(SELECT jsonb_array_elements_text(t.after_ids::jsonb)::bigint) AS after,
+           ARRAY(SELECT jsonb_array_elements_text(t.retry_on_exit_json::jsonb)::int) AS retry_on_exit,
+           ARRAY(SELECT jsonb_array_elements_text(t.no_retry_on_json::jsonb)) AS no_retry_on,
+           ARRAY(SELECT jsonb_array_elements_text(t.after_ns_json::jsonb)::bigint) AS after_ns,
+           CASE WHEN t.array_first IS NULL THEN 1 ELSE t.array_last - t.array_first + 1 END AS tasks
       FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[], $6::bigint[], $7::text[],
                   $8::text[], $9::int[], $10::bigint[], $11::boolean[], $12::bigint[], $13::text[],
-                  $14::text[], $15::text[], $16::text[])
+                  $14::text[], $15::text[], $16::text[], $17::text[], $18::text[], $19::int[],
+                  $20::int[], $21::int[], $22::int[], $23::text[], $24::int[])
            WITH ORDINALITY AS t(name, cpu, mem, prio, runtime, sleep_ms, argv, image, max_attempts,
                                 backoff_ms, count_lost, timeout_ms, constraints, env, workdir,
-                                after_ids, n)
+                                after_ids, retry_on_exit_json, no_retry_on_json, array_first,
+                                array_last, array_max_running, array_max_failed, after_ns_json,
+                                ord, n)
 ),
 deps AS (
     SELECT b.n, (SELECT count(*) FROM jobs d WHERE d.id = ANY(b.after)
-                                       AND ($18::text IS NULL OR d.owner = $18::text))
+                                       AND ($26::text IS NULL OR d.owner = $26::text))
                 = cardinality(b.after) AS all_exist,
            coalesce((SELECT array_agg(s.dep ORDER BY s.dep) FROM dependency_states(b.after) s
                       WHERE s.state <> 'succeeded'), '{}') AS unfinished
       FROM batch b
 ),
 queued AS (
-    SELECT check_submission($17::text, (SELECT count(*) FROM batch), $19::bigint) AS ok FROM fresh
+    SELECT check_submission($25::text, (SELECT sum(tasks) FROM batch), $27::bigint) AS ok FROM fresh
+),
+placed AS (
+    SELECT b.n, b.array_first, b.array_last,
+           coalesce(sum(b.tasks) OVER (ORDER BY b.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+                    0) AS start
+      FROM batch b
+),
+-- One row per row to store (a job, or each task of an array by index): its place k among the
+-- ids drawn, counted from 1 in the order of storing.
+expanded AS (
+    SELECT p.n, i AS array_index, i - coalesce(p.array_first, 0) + 1 AS pos,
+           p.start + i - coalesce(p.array_first, 0) + 1 AS k
+      FROM placed p
+     CROSS JOIN LATERAL generate_series(coalesce(p.array_first, 0), coalesce(p.array_last, 0)) AS i
+),
+drawn AS (
+    SELECT row_number() OVER (ORDER BY x.id) AS k, x.id
+      FROM (SELECT nextval('jobs_id_seq') AS id
+              FROM fresh, queued, generate_series(1, (SELECT sum(tasks) FROM batch)::int)
+             WHERE queued.ok AND NOT EXISTS (SELECT FROM deps WHERE NOT deps.all_exist)) x
+),
+heads AS (
+    SELECT p.n, d.id FROM placed p JOIN drawn d ON d.k = p.start + 1
+),
+named AS (
+    SELECT b.n, array_agg(h.id ORDER BY h.id) AS ids
+      FROM batch b CROSS JOIN LATERAL unnest(b.after_ns) AS a(n) JOIN heads h ON h.n = a.n
+     GROUP BY b.n
+),
+rows_ AS (
+    SELECT b.*, dr.id, h.id AS head_id, e.array_index, e.pos,
+           coalesce(nm.ids, '{}') AS batch_after, d.unfinished
+      FROM expanded e
+      JOIN drawn dr ON dr.k = e.k
+      JOIN batch b ON b.n = e.n
+      JOIN deps d ON d.n = e.n
+      JOIN heads h ON h.n = e.n
+      LEFT JOIN named nm ON nm.n = e.n
+),
+inserted AS (
+    INSERT INTO jobs (id, name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
+                      max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env,
+                      workdir, after_ids, array_id, array_index, array_max_running,
+                      array_max_failed, state, reason, pending_seq, owner, retry_on_exit,
+                      no_retry_on)
+    SELECT r.id, r.name, r.cpu, r.mem, r.prio, r.runtime, r.sleep_ms,
+           CASE WHEN r.argv IS NULL THEN NULL
+                ELSE ARRAY(SELECT jsonb_array_elements_text(r.argv::jsonb)) END,
+           r.image, r.max_attempts, r.backoff_ms, r.count_lost, r.timeout_ms, r.constraints::jsonb,
+           r.env::jsonb, r.workdir, r.after || r.batch_after,
+           CASE WHEN r.array_first IS NULL THEN NULL ELSE r.head_id END,
+           CASE WHEN r.array_first IS NULL THEN NULL ELSE r.array_index END,
+           CASE WHEN r.array_first IS NULL THEN NULL ELSE r.array_max_running END,
+           CASE WHEN r.array_first IS NULL THEN NULL ELSE r.array_max_failed END,
+           CASE WHEN cardinality(w.ids) > 0
+                     OR (coalesce(r.array_max_running, 0) > 0 AND r.pos > r.array_max_running)
+                THEN 'waiting' ELSE 'pending' END,
+           CASE WHEN cardinality(w.ids) > 0
+                THEN 'waiting for job ' || array_to_string(w.ids, ', ')
+                WHEN coalesce(r.array_max_running, 0) > 0 AND r.pos > r.array_max_running
+                THEN 'array limit: ' || r.array_max_running || ' running'
+                ELSE '' END,
+           nextval('pending_seq'), $25::text, r.retry_on_exit, r.no_retry_on
+      FROM rows_ r
+     CROSS JOIN LATERAL (
+         SELECT ARRAY(SELECT u FROM unnest(r.unfinished || r.batch_after) AS u ORDER BY u) AS ids
+     ) w
+     ORDER BY r.id
+ RETURNING id
 ),""",
 )
 

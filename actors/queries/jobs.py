@@ -14,6 +14,7 @@ import attrs
 
 from runtime.constraints import Constraint
 from runtime.jobs import ArrayRange, CommandRuntime, ContainerRuntime, JobRuntime, JobSpec, SleepRuntime
+from runtime.validation import pipeline_order
 
 
 def _lifecycle(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -45,7 +46,12 @@ def _lifecycle(row: Mapping[str, Any]) -> dict[str, Any]:
             first_index=int(row["array_first"]),
             last_index=int(row["array_last"]),
             max_running=int(row["array_max_running"] or 0),
+            max_failed_tasks=int(row.get("array_max_failed") or 0),
         )
+    if "retry_on_exit" in keys and row["retry_on_exit"]:
+        fields["retry_on_exit"] = tuple(int(c) for c in row["retry_on_exit"])
+    if "no_retry_on" in keys and row["no_retry_on"]:
+        fields["no_retry_on"] = tuple(row["no_retry_on"])
     return fields
 
 
@@ -115,6 +121,12 @@ class JobColumns:
     array_last: int | None = None
     array_max_running: int = 0
     """An array's limit on tasks pending, assigned or running at once; 0: none."""
+    retry_on_exit: list[int] = attrs.field(factory=list)
+    """The failure policy: exit codes a failed run may be retried on (parameters $20-$22 of
+    :data:`SUBMIT_JOB`, with ``no_retry_on`` and ``array_max_failed``)."""
+    no_retry_on: list[str] = attrs.field(factory=list)
+    array_max_failed: int | None = None
+    """An array's max_failed_tasks; None: no limit (or not an array)."""
 
 
 def job_columns(spec: JobSpec) -> JobColumns:
@@ -157,6 +169,9 @@ def job_columns(spec: JobSpec) -> JobColumns:
         array_first=None if spec.array is None else spec.array.first_index,
         array_last=None if spec.array is None else spec.array.last_index,
         array_max_running=0 if spec.array is None else spec.array.max_running,
+        retry_on_exit=list(spec.retry_on_exit),
+        no_retry_on=list(spec.no_retry_on),
+        array_max_failed=None if spec.array is None else (spec.array.max_failed_tasks or None),
     )
 
 
@@ -164,28 +179,49 @@ BATCH_COLUMNS = (
     *("name", "cpu_millis", "memory_mb", "priority", "runtime", "sleep_ms", "argv", "image"),
     *("max_attempts", "retry_backoff_ms", "count_lost", "timeout_ms", "constraints", "env", "workdir"),
     "after_ids",
+    "retry_on_exit",
+    "no_retry_on",
 )
-"""The columns of :data:`SUBMIT_JOBS`' parameters $1-$16, in order."""
+"""The columns of :data:`SUBMIT_JOBS`' parameters $1-$18, in order."""
 
 
 def job_column_arrays(specs: Sequence[JobSpec]) -> tuple[list[Any], ...]:
-    """The columns of many specs as parameters $1-$16 of :data:`SUBMIT_JOBS`: one array per
-    column, argv and after_ids as JSON text (a ``text[]`` cannot hold arrays of different
-    lengths). A batch holds no array (:func:`runtime.validation.check_jobs`).
+    """The columns of many specs as parameters $1-$24 of :data:`SUBMIT_JOBS`: one array per
+    column, argv, after_ids, retry_on_exit and no_retry_on as JSON text (a ``text[]`` cannot
+    hold arrays of different lengths); then each array's first and last index, limit and
+    max_failed_tasks (NULL for a job), the positions in the batch (from 1) of the jobs its
+    ``after_names`` name (JSON), and its place in the order of storing (from 1,
+    :func:`runtime.validation.pipeline_order`).
 
     Raises:
         ValueError: a spec has no runtime.
+        InvalidArgument: the batch's names do not resolve (:func:`pipeline_order`).
     """
     columns = [job_columns(spec) for spec in specs]
     arrays = {name: [getattr(c, name) for c in columns] for name in BATCH_COLUMNS}
     arrays["argv"] = [None if argv is None else json.dumps(argv) for argv in arrays["argv"]]
-    arrays["after_ids"] = [json.dumps(after) for after in arrays["after_ids"]]
-    return tuple(arrays.values())
+    for name in ("after_ids", "retry_on_exit", "no_retry_on"):
+        arrays[name] = [json.dumps(items) for items in arrays[name]]
+    position = {spec.name: n for n, spec in enumerate(specs, 1)}
+    order = pipeline_order(specs)
+    places = [0] * len(specs)
+    for place, index in enumerate(order, 1):
+        places[index] = place
+    return (
+        *arrays.values(),
+        [c.array_first for c in columns],
+        [c.array_last for c in columns],
+        [None if c.array_first is None else c.array_max_running for c in columns],
+        [c.array_max_failed for c in columns],
+        [json.dumps([position[name] for name in spec.after_names]) for spec in specs],
+        places,
+    )
 
 
 TEMPLATE_COLUMNS = (
     *("name", "cpu_millis", "memory_mb", "priority", "runtime", "sleep_ms", "argv", "image"),
     *("max_attempts", "retry_backoff_ms", "count_lost", "timeout_ms", "constraints", "env", "workdir"),
+    *("retry_on_exit", "no_retry_on"),
 )
 """The columns of a schedule's job template (``schedules.job``), those :data:`FIRE_SCHEDULE_SLOTS`
 inserts: a spec's but its dependencies and array (a schedule's job has neither)."""
@@ -198,7 +234,7 @@ def job_template(spec: JobSpec) -> str:
     Raises:
         ValueError: the spec has no runtime, or has dependencies or an array.
     """
-    if spec.after or spec.array is not None:
+    if spec.after or spec.after_names or spec.array is not None:
         raise ValueError(f"job {spec.name!r}: a schedule's job has no after or array")
     columns = attrs.asdict(job_columns(spec))
     template = {name: columns[name] for name in TEMPLATE_COLUMNS}

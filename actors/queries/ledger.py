@@ -207,11 +207,13 @@ WITH ended AS (
 ),
 jobs_ended AS (
     UPDATE jobs j
-       SET (state, failures, started_at, finished_at, pending_seq, pending_xid, not_before, reason)
+       SET (state, failures, started_at, finished_at, pending_seq, pending_xid, not_before, reason,
+            detail)
              = (SELECT * FROM after_run(j, CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'failed' END,
-                                        'timeout', j.started_at, now())),
-           detail = 'timeout: the leader stopped it, past its timeout_s of '
-                    || (j.timeout_ms / 1000.0)::float8 || ' s'
+                                        'timeout', NULL,
+                                        'timeout: the leader stopped it, past its timeout_s of '
+                                        || (j.timeout_ms / 1000.0)::float8 || ' s',
+                                        j.started_at, now()))
       FROM ended e
      WHERE j.id = e.job_id AND j.state IN ('assigned', 'running')
 )
@@ -422,17 +424,18 @@ fired AS MATERIALIZED (
 inserted AS (
     INSERT INTO jobs (id, name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
                       max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env,
-                      workdir, owner)
+                      workdir, retry_on_exit, no_retry_on, owner)
     SELECT f.job_id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_ms, j.argv,
            j.image, j.max_attempts, j.retry_backoff_ms, j.count_lost, j.timeout_ms,
-           coalesce(j.constraints, '[]'), coalesce(j.env, '{}'), coalesce(j.workdir, ''), s.owner
+           coalesce(j.constraints, '[]'), coalesce(j.env, '{}'), coalesce(j.workdir, ''),
+           coalesce(j.retry_on_exit, '{}'), coalesce(j.no_retry_on, '{}'), s.owner
       FROM fired f, s,
            jsonb_to_record(s.job) AS j(name text, cpu_millis integer, memory_mb integer,
                                        priority integer, runtime text, sleep_ms bigint,
                                        argv text[], image text, max_attempts integer,
                                        retry_backoff_ms bigint, count_lost boolean,
                                        timeout_ms bigint, constraints jsonb, env jsonb,
-                                       workdir text)
+                                       workdir text, retry_on_exit integer[], no_retry_on text[])
      ORDER BY f.slot_at
  RETURNING id
 ),

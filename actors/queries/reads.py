@@ -10,6 +10,7 @@ _JOB_INFO = """
 SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_ms, j.argv, j.image,
        j.max_attempts, j.retry_backoff_ms, j.count_lost, j.timeout_ms,
        j.constraints::text AS constraints, j.env::text AS env, j.workdir, j.after_ids, j.array_max_running,
+       j.array_max_failed, j.retry_on_exit, j.no_retry_on,
        j.failures, j.array_id, j.array_index,
        extract(epoch FROM j.not_before)::float8 AS not_before_unix_s,
        j.state, j.reason, j.cancel_requested, j.attempts, j.exit_code,

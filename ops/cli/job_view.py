@@ -117,6 +117,13 @@ def lifecycle_rows(info: Job) -> list[tuple[str, str]]:
         rows.append(("retry", f"retrying after {clock}{left}"))
     if spec.max_attempts > 1:
         rows.append(("backoff", f"{spec.retry_backoff_s:g} s base, doubling, at most 600 s, jittered"))
+    if spec.retry_on_exit or spec.no_retry_on:
+        policy = []
+        if spec.retry_on_exit:
+            policy.append("retried only on exit codes " + ", ".join(map(str, spec.retry_on_exit)))
+        if spec.no_retry_on:
+            policy.append("failed at once on " + ", ".join(spec.no_retry_on))
+        rows.append(("retry policy", "; ".join(policy)))
     rows += [
         ("timeout", "-" if spec.timeout_s is None else f"{spec.timeout_s:g} s"),
         ("constraints", ", ".join(c.describe() for c in spec.constraints) or "-"),
@@ -127,7 +134,9 @@ def lifecycle_rows(info: Job) -> list[tuple[str, str]]:
     if info.array_id:
         rows.append(("array", f"task {info.array_index} of array {info.array_id}"))
     elif spec.array is not None:
-        rows.append(("array", f"{spec.array.describe()} ({spec.array.tasks} tasks)"))
+        limit = spec.array.max_failed_tasks
+        failing = f", failed once {limit} tasks have failed (max_failed_tasks)" if limit else ""
+        rows.append(("array", f"{spec.array.describe()} ({spec.array.tasks} tasks{failing})"))
     if info.array_counts:
         rows.append(("tasks", "  ".join(f"{state} {count}" for state, count in info.array_counts)))
     return rows

@@ -141,6 +141,9 @@ def spec_of_submit_options(options: Mapping[str, Any]) -> JobSpec:
             "workdir": options["workdir"],
             "after": options.get("after") or [],
             "array": options.get("array"),
+            "max_failed_tasks": options.get("max_failed_tasks"),
+            "retry_on_exit": options.get("retry_on_exit") or [],
+            "no_retry_on": options.get("no_retry_on") or [],
         }
     )
 
@@ -259,6 +262,37 @@ def submit(
             show_default=False,
         ),
     ] = None,
+    max_failed_tasks: Annotated[
+        str | None,
+        typer.Option(
+            metavar="N",
+            help="With --array: once N tasks have failed for good, cancel the tasks that have not "
+            "ended and fail the array (1 to the array's tasks) [default: no limit].",
+            show_default=False,
+        ),
+    ] = None,
+    retry_on_exit: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--retry-on-exit",
+            metavar="CODE[,CODE...]",
+            help="Retry a failed run only when it exited with one of these codes (1-255); any "
+            "other exit fails the job at once. Runs that fail for a reason (timeout, oom_killed) "
+            "are judged by --no-retry-on instead. Repeatable [default: any exit code].",
+            show_default=False,
+        ),
+    ] = None,
+    no_retry_on: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--no-retry-on",
+            metavar="REASON[,REASON...]",
+            help="Fail the job at once when a run fails for one of these reasons: timeout, "
+            "oom_killed, workdir_not_found, workdir_denied, command_not_found, image_not_found, "
+            "no_container_engine, container_error, resources_error. Repeatable.",
+            show_default=False,
+        ),
+    ] = None,
     idempotency_key: IdempotencyKeyOption = None,
     control_planes: ControlPlanesOption = None,
 ) -> None:
@@ -305,9 +339,12 @@ def run(
     constraints and env are lists and tables): name, cpu_millis and memory_mb (required),
     priority, one runtime (sleep_s, command as a list, or image with an optional command),
     max_attempts, retry_backoff_s, count_lost, timeout_s, constraints, env, workdir, after,
-    array. A file holds one job (its fields at the top level) or several ([[job]] tables in
-    TOML, a list under job: or at the top level in YAML), at most 10000 and 1 MiB; a status
-    table (what `stockade job ID --json` reports) is ignored, so that output can be run again.
+    array, max_failed_tasks, retry_on_exit, no_retry_on. A file holds one job (its fields at the
+    top level) or several ([[job]] tables in TOML, a list under job: or at the top level in
+    YAML), at most 10000 and 1 MiB; a status table (what `stockade job ID --json` reports) is
+    ignored, so that output can be run again. A file may hold a pipeline: arrays beside other
+    jobs, and after naming jobs of the file by name (after = ["prepare", 12]), stored in one
+    transaction, each after those it names; a cycle is refused (after: cycle a -> b -> a).
     A top-level schedules list adds periodic jobs (name, cron, tz, concurrency_policy,
     starting_deadline_s, and job: a job's table; docs/schedules.md), after the jobs.
     Errors name the file and line: jobs.toml:7: max_attempts must be between 1 and 100, got 0.

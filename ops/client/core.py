@@ -166,20 +166,23 @@ class Client:
     async def submit_many(
         self, specs: Sequence[JobSpec], *, idempotency_key: str | None = None
     ) -> tuple[int, ...]:
-        """Submit up to 10,000 jobs in one call, stored all or none; return their ids in order.
+        """Submit up to 10,000 jobs in one call, stored all or none in one transaction; return
+        their ids in order. Jobs may name others of the call in ``after_names`` (a pipeline):
+        they are stored after those, which the transaction resolves to the ids it assigns.
 
         Args:
-            specs: the jobs, 1 to 10,000 (no arrays: submit an array alone with
-                :meth:`submit`).
+            specs: the jobs, 1 to 10,000, arrays among them (10,000 rows with each array's
+                tasks counted).
             idempotency_key: this call's key, as in :meth:`submit`.
 
         Returns:
             one id per spec, in the order of ``specs``.
 
         Raises:
-            InvalidArgument: no spec, more than 10,000, an array among them, or a spec that
-                breaks a rule (the field named with its index: ``specs[3].cpu_millis``);
-                nothing was sent.
+            InvalidArgument: no spec, more than 10,000 (rows), a spec that breaks a rule (the
+                field named with its index: ``specs[3].cpu_millis``), or names that do not
+                resolve (``specs[2].after_names`` ... ``after: cycle a -> b -> a``; a name two
+                jobs share; a name no job has); nothing was sent.
             IdempotencyConflict, NoControlPlaneReachable, ClusterBusy, PermissionDenied: as
                 :meth:`submit` (none of the jobs was stored, or all were).
         """

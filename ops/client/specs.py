@@ -28,8 +28,11 @@ def job_spec(
     constraints: Iterable[str | Constraint] = (),
     env: Mapping[str, str] | None = None,
     workdir: str | None = None,
-    after: Iterable[int] = (),
+    after: Iterable[int | str] = (),
     array: str | ArrayRange | None = None,
+    max_failed_tasks: int | None = None,
+    retry_on_exit: Iterable[int] = (),
+    no_retry_on: Iterable[str] = (),
 ) -> JobSpec:
     """A checked job spec from a job file's fields (None: the field's default).
 
@@ -50,8 +53,14 @@ def job_spec(
             ``"key!=value"``, ``"key"``, ``"key in (a,b)"`` (or :class:`Constraint` values).
         env: environment variables (names without ``=`` or NUL, not ``STOCKADE_*``).
         workdir: the working directory, an absolute path on the worker.
-        after: jobs that must all have succeeded first.
+        after: jobs that must all have succeeded first: ids of stored jobs, and names of jobs
+            submitted in the same :meth:`~ops.client.Client.submit_many` call (a pipeline).
         array: ``"FIRST-LAST[%MAX_RUNNING]"`` (or an :class:`ArrayRange`): one task per index.
+        max_failed_tasks: with ``array``: once this many tasks have failed, the tasks that have
+            not ended are cancelled and the array has failed (1 to its tasks; default: no limit).
+        retry_on_exit: exit codes (1-255) of failed runs that may be retried; another fails the
+            job at once (default: any).
+        no_retry_on: failure reasons (``timeout``, ``oom_killed``...) that fail the job at once.
 
     Give exactly one runtime: ``sleep_s``, ``command``, or ``image`` (with an optional ``command``).
 
@@ -78,6 +87,11 @@ def job_spec(
         "workdir": workdir,
         "after": list(after),
         "array": array.describe() if isinstance(array, ArrayRange) else array,
+        "max_failed_tasks": max_failed_tasks
+        if max_failed_tasks is not None or not isinstance(array, ArrayRange)
+        else array.max_failed_tasks or None,
+        "retry_on_exit": list(retry_on_exit),
+        "no_retry_on": list(no_retry_on),
     }
     from ops.jobfields import spec_of_table
 

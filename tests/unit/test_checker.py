@@ -479,6 +479,19 @@ def test_a_retry_after_a_failed_run_is_no_double_placement() -> None:
     assert report.double_placements == 0 and report.wrong_final_states == 0 and report.ok
 
 
+def test_a_failure_policy_may_end_a_job_failed_with_attempts_left() -> None:
+    """A job whose failure policy refused a retry (retry_on_exit, no_retry_on) ended failed
+    with attempts left, which is no wrong final state."""
+    history = History(
+        assignments=(assignment(1, 7, "w-1", 1, "finished", 0.0, 1.0, end_reason="failed"),),
+        job_states={7: "failed"},
+        job_attempts={7: (1, 3)},
+        policy_jobs=frozenset({7}),
+    )
+    report = check(history, [], expected_final_states={7: "failed"})
+    assert report.wrong_final_states == 0 and report.ok
+
+
 def test_wrong_final_states_are_caught() -> None:
     """More failed runs than max_attempts, a failure with attempts left, a success no run
     reported, and a final state other than the one expected are each caught."""

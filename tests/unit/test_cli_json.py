@@ -29,6 +29,9 @@ FIELD_KEYS = [
     "workdir",
     "after",
     "array",
+    "max_failed_tasks",
+    "retry_on_exit",
+    "no_retry_on",
 ]
 """The fields of a command job, in order, as a job file holds them (``ops.jobfields.fields_of``)."""
 STATUS_KEYS = [
@@ -124,6 +127,9 @@ def test_job_json_is_a_job_file_with_a_status(answers: list[tuple[str, Any]]) ->
         "workdir": None,
         "after": [],
         "array": None,
+        "max_failed_tasks": None,
+        "retry_on_exit": [],
+        "no_retry_on": [],
     }
     assert list(data["status"]) == STATUS_KEYS
     assert data["status"] == {

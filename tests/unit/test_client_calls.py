@@ -240,8 +240,14 @@ NOTHING_SENT: list[tuple[Callable[[Client], Awaitable[Any]], str]] = [
     (lambda c: c.submit_many([]), "specs must hold at least one job"),
     (lambda c: c.submit_many([SPEC] * 10_001), "specs must hold at most 10000 jobs, got 10001"),
     (
-        lambda c: c.submit_many([SPEC, job_spec(cpu_millis=1, memory_mb=1, sleep_s=1, array="1-3")]),
-        "specs[1].array must be unset in a batch",
+        lambda c: c.submit_many(
+            [SPEC, job_spec(name="a", cpu_millis=1, memory_mb=1, sleep_s=1, after=["a"])]
+        ),
+        "specs[1].after_names must not close a cycle (after: cycle a -> a)",
+    ),
+    (
+        lambda c: c.submit_many([SPEC, job_spec(cpu_millis=1, memory_mb=1, sleep_s=1, array="1-10000")]),
+        "specs must hold at most 10000 jobs, each array's tasks counted, got '10001 rows by specs[1]'",
     ),
     (lambda c: c.get(0), "job_id must be between 1 and 9223372036854775807, got 0"),
     (lambda c: c.get(True), "job_id must be an integer, got True"),

@@ -107,24 +107,26 @@ def test_an_assignment_carries_the_array_index_only_when_it_has_one() -> None:
     assert (job.array_index, job.array_id) == (None, None)
 
 
-def test_a_batch_may_not_hold_an_array() -> None:
-    """SubmitJobs refuses a spec with an array, naming its index (SubmitJob takes arrays)."""
+def test_a_batch_may_hold_arrays_up_to_its_rows() -> None:
+    """SubmitJobs takes arrays beside jobs; it refuses a batch whose rows (each array's tasks
+    counted) pass the batch's limit, naming the spec that passes it."""
     import pytest
 
     from runtime.errors import InvalidArgument
     from runtime.jobs import ArrayRange
     from runtime.validation import check_jobs
 
-    with pytest.raises(InvalidArgument, match=r"specs\[1\]\.array must be unset in a batch"):
-        check_jobs(
-            [
-                SPEC,
-                JobSpec(
-                    name="a",
-                    cpu_millis=1,
-                    memory_mb=1,
-                    runtime=SleepRuntime(duration_ms=1),
-                    array=ArrayRange(first_index=1, last_index=3),
-                ),
-            ]
+    def array(last: int) -> JobSpec:
+        return JobSpec(
+            name="a",
+            cpu_millis=1,
+            memory_mb=1,
+            runtime=SleepRuntime(duration_ms=1),
+            array=ArrayRange(first_index=1, last_index=last),
         )
+
+    assert len(check_jobs([SPEC, array(9999)])) == 2
+    with pytest.raises(
+        InvalidArgument, match=r"^specs must hold at most 10000 jobs, each array's tasks counted"
+    ):
+        check_jobs([SPEC, array(3), array(9997)])

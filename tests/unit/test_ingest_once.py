@@ -119,8 +119,21 @@ def test_a_request_digest_does_not_depend_on_the_slices_and_covers_every_field()
         {"priority": 1},
         {"runtime": SleepRuntime(duration_ms=1001)},
         {"runtime": CommandRuntime(argv=["true"])},
+        {"retry_on_exit": (1,)},
+        {"no_retry_on": ("timeout",)},
+        {"after_names": ("a",)},
     ]
     for change in changes:
         changed = [*items[:4], idempotency.job_item(attrs.evolve(base, **change).check())]  # type: ignore[arg-type]
         assert idempotency.request_digest("submit_jobs", changed) != whole
     assert idempotency.request_digest("submit_job", items) != whole
+
+
+def test_a_jobs_digest_without_the_newer_fields_is_the_one_stored_before_them() -> None:
+    """A job with no failure policy, max_failed_tasks or after_names enters a digest as its
+    columns did before those existed, so a copy of a call sent across an upgrade is a copy."""
+    job = JobSpec(name="j", cpu_millis=500, memory_mb=256, runtime=SleepRuntime(duration_ms=1000)).check()
+    assert idempotency.job_item(job) == [
+        *("j", 500, 256, 0, "sleep", 1000, None, None, 1, 1000, False, None, "[]", "{}", ""),
+        *([], None, None, 0),
+    ]

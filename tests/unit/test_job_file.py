@@ -292,10 +292,10 @@ def test_malformed_files_are_refused(tmp_path: Path, name: str, text: str, messa
     assert got.replace(str(tmp_path) + "/", "").startswith(message), got
 
 
-def test_an_array_job_must_be_alone_in_its_file(tmp_path: Path) -> None:
-    """An array is submitted on its own (SubmitJob), so it cannot share a file's one call."""
-    text = SLEEPER + SLEEPER + 'array = "1-3"\n'
-    assert "an array job must be the only job of its file" in refused(write(tmp_path, "a.toml", text))
+def test_an_array_job_may_share_its_file(tmp_path: Path) -> None:
+    """An array and other jobs of one file are read together (one SubmitJobs stores them)."""
+    specs = read_job_file(write(tmp_path, "a.toml", SLEEPER + SLEEPER + 'array = "1-3"\n'))
+    assert [s.array for s in specs] == [None, ArrayRange(first_index=1, last_index=3)]
 
 
 def test_the_fields_of_a_spec_read_back_as_the_same_spec() -> None:

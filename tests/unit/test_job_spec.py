@@ -134,6 +134,14 @@ def test_the_columns_of_each_runtime() -> None:
         ["{}", "{}", "{}"],
         ["", "", ""],
         ["[]", "[]", "[]"],
+        ["[]", "[]", "[]"],
+        ["[]", "[]", "[]"],
+        [None, None, None],
+        [None, None, None],
+        [None, None, None],
+        [None, None, None],
+        ["[]", "[]", "[]"],
+        [1, 2, 3],
     )
     with pytest.raises(ValueError, match="has no runtime"):
         queries.job_columns(JobSpec(name="n", cpu_millis=1, memory_mb=1, runtime=None))

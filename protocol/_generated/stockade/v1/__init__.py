@@ -667,6 +667,13 @@ class JobArray(betterproto2.Message):
     Most tasks of the array assigned or running at once; 0: no limit.
     """
 
+    max_failed_tasks: "int" = betterproto2.field(50, betterproto2.TYPE_UINT32)
+    """
+    Once this many tasks have failed for good (1 to the array's tasks), the tasks that have
+    not ended are cancelled (detail "max_failed_tasks: ...") and the array has failed
+    (Kubernetes' maxFailedIndexes); 0: no limit, each task ends by itself.
+    """
+
 
 default_message_pool.register_message("stockade.v1", "JobArray", JobArray)
 
@@ -963,7 +970,31 @@ class JobSpec(betterproto2.Message):
 
     array: "JobArray | None" = betterproto2.field(28, betterproto2.TYPE_MESSAGE, optional=True)
     """
-    Submit an array of tasks of this spec (SubmitJob only).
+    Submit an array of tasks of this spec (SubmitJob, or SubmitJobs beside other jobs).
+    """
+
+    retry_on_exit: "list[int]" = betterproto2.field(50, betterproto2.TYPE_UINT32, repeated=True)
+    """
+    Failure policy. The exit codes (1 to 255, each once) of a failed run that may be retried:
+    a run that failed with another (or none, or killed by a signal) ends the job failed at
+    once. Empty: any. Runs that failed for a reason are judged by no_retry_on instead.
+    """
+
+    no_retry_on: "list[str]" = betterproto2.field(51, betterproto2.TYPE_STRING, repeated=True)
+    """
+    Reasons of a failed run that end the job failed at once, each once, of: timeout,
+    oom_killed, workdir_not_found, workdir_denied, command_not_found, image_not_found,
+    no_container_engine, container_error, resources_error (runtime/jobs.py, FAILURE_REASONS).
+    """
+
+    after_names: "list[str]" = betterproto2.field(52, betterproto2.TYPE_STRING, repeated=True)
+    """
+    Jobs of the same SubmitJobsRequest, by their name (each named by one job of the request,
+    whose names are then all different), that must all have succeeded before this job
+    becomes pending (an array: all its tasks), each once; at most 100 with after. The
+    request's jobs are stored in an order where each comes after those it names, in one
+    transaction, which resolves the names to the ids it assigns. A cycle is refused naming it
+    ("after: cycle a -> b -> a"). SubmitJobs only.
     """
 
 
@@ -1649,7 +1680,9 @@ default_message_pool.register_message("stockade.v1", "SubmitJobsReply", SubmitJo
 @dataclass(eq=False, repr=False)
 class SubmitJobsRequest(betterproto2.Message):
     """
-    Many jobs in one call (at most 10000), stored all or none.
+    Many jobs in one call (at most 10000, and 10000 rows with each array's tasks counted),
+    stored all or none in one transaction: jobs and arrays, naming each other in after_names
+    (a pipeline).
     """
 
     specs: "list[JobSpec]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
