@@ -36,7 +36,8 @@ schedule_app = command_group(
 
 NOT_FOR_SCHEDULES = ("after", "array", "max_failed_tasks", "idempotency_key", "control_planes")
 """``submit``'s parameters ``schedule add`` does not take from it: a schedule's job waits for no
-other and is no array (so has no max_failed_tasks); the key and the control planes it declares itself (after the job's)."""
+other and is no array (so has no max_failed_tasks); the key and the control planes it declares
+itself (after the job's)."""
 
 _ADD_OWN: list[inspect.Parameter] = [
     inspect.Parameter(
