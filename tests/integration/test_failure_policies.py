@@ -170,6 +170,18 @@ async def test_a_run_lost_with_its_worker_spends_nothing_whatever_the_policy(clu
     assert (job["state"], job["failures"]) == ("pending", 0)
 
 
+async def test_a_counted_loss_spends_an_attempt_but_is_never_refused_by_the_policy(cluster: Cluster) -> None:
+    """With count_lost, a run lost with its worker spends an attempt, and with attempts left the
+    job is pending again: a loss has no exit code or reason for the policy to judge."""
+    old = await cluster.register()
+    job_id = await cluster.submit(max_attempts=2, count_lost=True, retry_on_exit=(1,))
+    await cluster.place(job_id, "w-1", old)
+    await cluster.register()
+    await cluster.admin.fetchrow(queries.END_ORPHANED_ASSIGNMENTS, EPOCH, [], 500)
+    job = await cluster.job(job_id)
+    assert (job["state"], job["failures"]) == ("pending", 1)
+
+
 async def test_a_late_failure_the_policy_refuses_ends_the_requeued_job_failed(cluster: Cluster) -> None:
     """The failure of a run lost with its worker arrives after the requeue: an exit code not
     in retry_on_exit ends the pending job failed, saying why, though attempts are left."""
