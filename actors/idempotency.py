@@ -44,13 +44,26 @@ def request_digest(rpc: str, items: Iterable[Any]) -> bytes:
 
 def job_item(job: JobSpec) -> list[Any]:
     """A checked job as it enters a request's digest: the columns it is stored in, in their
-    order; raises ValueError for a job with no runtime (not checked)."""
-    return list(attrs.astuple(queries.job_columns(job)))
+    order (and the devices it asks, when it asks some); raises ValueError for a job with no
+    runtime (not checked)."""
+    item = list(attrs.astuple(queries.job_columns(job)))
+    return [*item, list(job.resources)] if job.resources else item
 
 
-def registration_digest(*, address: str, cpu_millis: int, memory_mb: int, labels: Mapping[str, str]) -> bytes:
-    """The digest of what a registration asks for (not its outcomes: a retry may carry more)."""
-    return request_digest("register_worker", [address, cpu_millis, memory_mb, sorted(labels.items())])
+def registration_digest(
+    *,
+    address: str,
+    cpu_millis: int,
+    memory_mb: int,
+    labels: Mapping[str, str],
+    resources: Mapping[str, Sequence[str]] | None = None,
+) -> bytes:
+    """The digest of what a registration asks for (not its outcomes: a retry may carry more);
+    the devices it offers count only when it offers some."""
+    item: list[Any] = [address, cpu_millis, memory_mb, sorted(labels.items())]
+    if resources:
+        item.append(sorted((name, list(units)) for name, units in resources.items()))
+    return request_digest("register_worker", item)
 
 
 def _job_ids(ids: Sequence[int]) -> str:

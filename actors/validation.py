@@ -42,6 +42,12 @@ from runtime.jobs import (
     MAX_WORKDIR_BYTES,
     MIN_TIMEOUT_S,
 )
+from runtime.resources import (
+    MAX_RESOURCE_KINDS,
+    MAX_RESOURCE_NAME_BYTES,
+    MAX_RESOURCE_UNITS,
+    MAX_UNIT_ID_BYTES,
+)
 from runtime.settings import agent as agent_settings
 from runtime.validation import (
     MAX_AUDIT_SINCE_S,
@@ -266,6 +272,15 @@ LIMITS = (
         "job `array` (`--array FIRST-LAST[%MAX_RUNNING]`)",
         f"indexes 0 to {_n(MAX_ARRAY_INDEX)}, LAST not below FIRST, at most {_n(MAX_ARRAY_TASKS)} tasks",
         ("MAX_ARRAY_INDEX", "MAX_ARRAY_TASKS"),
+    ),
+    Limit(
+        "job `resources` (`--resource NAME=COUNT`) and worker `resources` (`stockade agent --resource "
+        "NAME=ID,ID,...`)",
+        f"at most {_n(MAX_RESOURCE_KINDS)} names of 1 to {_n(MAX_RESOURCE_NAME_BYTES)} characters of "
+        f"`[a-z][a-z0-9_-]*`, each once; a job asks 0 to {_n(MAX_RESOURCE_UNITS)} units of each; a worker "
+        f"offers at most {_n(MAX_RESOURCE_UNITS)} unit ids of each, each once, of 1 to "
+        f"{_n(MAX_UNIT_ID_BYTES)} characters of `A-Z a-z 0-9 . _ : -` starting with a letter or digit",
+        ("MAX_RESOURCE_KINDS", "MAX_RESOURCE_NAME_BYTES", "MAX_RESOURCE_UNITS", "MAX_UNIT_ID_BYTES"),
     ),
     Limit(
         "`specs` of one SubmitJobs request (`stockade jobs` splits larger batches)",

@@ -21,6 +21,7 @@ import attrs
 from runtime.checks import check_int_between, check_text, utf8_bytes
 from runtime.constraints import Constraint, check_constraints
 from runtime.errors import InvalidArgument
+from runtime.resources import check_asked
 from runtime.validation import MAX_ID
 
 MAX_CPU_MILLIS = 1_000_000  # 1000 cores
@@ -275,6 +276,11 @@ def _env(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tuple[st
     return tuple(sorted((str(k), str(v)) for k, v in items))
 
 
+def _resources(value: Mapping[str, int] | Iterable[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    items = value.items() if isinstance(value, Mapping) else value
+    return tuple(sorted((str(k), v) for k, v in items if not (isinstance(v, int) and v == 0)))
+
+
 def check_env(env: Iterable[tuple[str, str]], *, field: str = "env") -> None:
     """Raises InvalidArgument (``env`` or ``env[NAME]``) for an environment that breaks a rule:
     more than :data:`MAX_ENV_VARS` names, a name that is empty, holds ``=`` or a NUL, is not of
@@ -351,6 +357,9 @@ class JobSpec:
     """Jobs that must all have succeeded before this one becomes pending."""
     array: ArrayRange | None = None
     """Submit as an array of tasks (:class:`ArrayRange`); None: one job."""
+    resources: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_resources)
+    """Countable devices asked (docs/devices.md): (name, count) pairs sorted by name (a mapping
+    is taken too), e.g. ``(("gpu", 2),)``; each run gets that many whole units of one worker."""
 
     def check(self) -> JobSpec:
         """This spec, once it is found within every limit (fields in the order above).
@@ -402,6 +411,9 @@ class JobSpec:
             raise InvalidArgument("after", list(self.after), "must name each job once")
         if self.array is not None:
             self.array.check()
+        if len({name for name, _ in self.resources}) != len(self.resources):
+            raise InvalidArgument("resources", dict(self.resources), "must name each resource once")
+        check_asked(dict(self.resources))
 
     def env_values_hidden(self) -> JobSpec:
         """This spec with every environment value replaced by :data:`HIDDEN_ENV_VALUE` (the

@@ -15,8 +15,9 @@ from actors.queries.idempotent import once
 # last index, $19 its limit (0: none), $20 its owner (the caller's account), $21 the one account
 # whose jobs it may name in after_ids (NULL: any; a user's own: another account's job is as no
 # job, so a dependency tells nothing of it), $22 its priority when held to the owner's
-# max_priority (NULL: the caller is not capped, an operator); then the audit's, the idempotency
-# key and the request's sha256 (see once). One job, or one row per task of an array:
+# max_priority (NULL: the caller is not capped, an operator), $23 the devices it asks (JSON
+# {name: count}; docs/devices.md); then the audit's, the idempotency key and the request's
+# sha256 (see once). One job, or one row per task of an array:
 # the first task's id is drawn first and is the array's id (array_id of every task). Its
 # dependencies are read in the statement's snapshot (schema.sql, dependency_states); it stores
 # nothing when one does not exist (its answer is then empty and no key is kept: the caller names
@@ -30,7 +31,7 @@ SUBMIT_JOB = once(
     """
 SELECT min(id) AS id, count(*) AS tasks FROM inserted HAVING count(*) > 0
 """,
-    params=22,
+    params=23,
     action="submit",
     steps="""deps AS (
     SELECT (SELECT count(*) FROM jobs d WHERE d.id = ANY($16::bigint[])
@@ -53,7 +54,7 @@ inserted AS (
     INSERT INTO jobs (id, name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
                       max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env,
                       workdir, after_ids, array_id, array_index, array_max_running, state, reason,
-                      pending_seq, owner)
+                      pending_seq, owner, resources)
     SELECT CASE WHEN t.k = 1 THEN f.id ELSE nextval('jobs_id_seq') END,
            $1::text, $2::int, $3::int, $4::int, $5::text, $6::bigint, $7::text[], $8::text,
            $9::int, $10::bigint, $11::boolean, $12::bigint, $13::jsonb, $14::jsonb, $15::text,
@@ -68,7 +69,7 @@ inserted AS (
                 WHEN coalesce($19::int, 0) > 0 AND t.k > $19::int
                 THEN 'array limit: ' || $19::int || ' running'
                 ELSE '' END,
-           nextval('pending_seq'), $20::text
+           nextval('pending_seq'), $20::text, $23::jsonb
       FROM first f, deps, tasks t
      ORDER BY t.k
  RETURNING id
@@ -80,17 +81,18 @@ inserted AS (
 # $10 retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON), $14 env (JSON),
 # $15 workdir, $16 after_ids (JSON arrays), $17 their owner (the caller's account), $18 the one
 # account whose jobs they may name (as SUBMIT_JOB's $21), $19 their highest priority when held to
-# the owner's max_priority (as SUBMIT_JOB's $22); then the audit's, the idempotency key and the
-# request's sha256 (see once). One statement: all jobs or none; none when a job names a
-# dependency that does not exist (already: a job of the batch cannot name another). A job waits
-# as SUBMIT_JOB's (a batch holds no array). Answer rows: id, one per job, drawn in order.
-# Refused whole over the owner's max_priority or max_pending, as SUBMIT_JOB.
+# the owner's max_priority (as SUBMIT_JOB's $22), $20 the devices each asks (JSON {name: count});
+# then the audit's, the idempotency key and the request's sha256 (see once). One statement: all
+# jobs or none; none when a job names a dependency that does not exist (already: a job of the
+# batch cannot name another). A job waits as SUBMIT_JOB's (a batch holds no array). Answer
+# rows: id, one per job, drawn in order. Refused whole over the owner's max_priority or
+# max_pending, as SUBMIT_JOB.
 SUBMIT_JOBS = once(
     "submit_jobs",
     """
 INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
                   max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env, workdir,
-                  after_ids, state, reason, pending_seq, owner)
+                  after_ids, state, reason, pending_seq, owner, resources)
 SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
        CASE WHEN t.argv IS NULL THEN NULL
             ELSE ARRAY(SELECT jsonb_array_elements_text(t.argv::jsonb)) END,
@@ -99,22 +101,22 @@ SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
        CASE WHEN cardinality(d.unfinished) > 0 THEN 'waiting' ELSE 'pending' END,
        CASE WHEN cardinality(d.unfinished) > 0
             THEN 'waiting for job ' || array_to_string(d.unfinished, ', ') ELSE '' END,
-       nextval('pending_seq'), $17::text
+       nextval('pending_seq'), $17::text, t.resources::jsonb
   FROM batch t JOIN deps d ON d.n = t.n, fresh, queued
  WHERE NOT EXISTS (SELECT FROM deps WHERE NOT deps.all_exist) AND queued.ok
  ORDER BY t.n
 RETURNING id
 """,
-    params=19,
+    params=20,
     action="submit",
     steps="""batch AS (
     SELECT t.*, ARRAY(SELECT jsonb_array_elements_text(t.after_ids::jsonb)::bigint) AS after
       FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[], $6::bigint[], $7::text[],
                   $8::text[], $9::int[], $10::bigint[], $11::boolean[], $12::bigint[], $13::text[],
-                  $14::text[], $15::text[], $16::text[])
+                  $14::text[], $15::text[], $16::text[], $20::text[])
            WITH ORDINALITY AS t(name, cpu, mem, prio, runtime, sleep_ms, argv, image, max_attempts,
                                 backoff_ms, count_lost, timeout_ms, constraints, env, workdir,
-                                after_ids, n)
+                                after_ids, resources, n)
 ),
 deps AS (
     SELECT b.n, (SELECT count(*) FROM jobs d WHERE d.id = ANY(b.after)
@@ -230,7 +232,8 @@ SELECT count(*) FROM swept
 """
 
 # $1 id, $2 address, $3 cpu_millis, $4 memory_mb, $5 labels (json text), $6 agent run id, $7
-# registration number within that run, $8 the registration's sha256 (actors/idempotency.py).
+# registration number within that run, $8 the registration's sha256 (actors/idempotency.py), $9
+# the devices it offers (JSON {name: [unit, ...]}; docs/devices.md).
 # A registration is a new incarnation, alive, with a fresh heartbeat, and a send window that
 # starts again (nothing is addressed to the new incarnation yet: see schema.sql), unless it is
 # a copy of one already applied or older than the latest of its agent run (same run id, a
@@ -241,8 +244,8 @@ SELECT count(*) FROM swept
 # idempotency key, kept in the worker's row until the next registration replaces it.
 REGISTER_WORKER = """
 INSERT INTO workers (id, address, cpu_millis, memory_mb, labels, incarnation, agent_run_id,
-                     registration_seq, registration_sha256)
-VALUES ($1, $2, $3, $4, $5::jsonb, nextval('worker_incarnation_seq'), $6, $7, $8)
+                     registration_seq, registration_sha256, resources)
+VALUES ($1, $2, $3, $4, $5::jsonb, nextval('worker_incarnation_seq'), $6, $7, $8, $9::jsonb)
 ON CONFLICT (id) DO UPDATE
    SET address = EXCLUDED.address, cpu_millis = EXCLUDED.cpu_millis,
        memory_mb = EXCLUDED.memory_mb, labels = EXCLUDED.labels,
@@ -250,7 +253,7 @@ ON CONFLICT (id) DO UPDATE
        registered_at = now(), last_heartbeat_at = now(), dead_at = NULL, dead_epoch = NULL,
        left_at = NULL, hold_until = NULL,
        agent_run_id = EXCLUDED.agent_run_id, registration_seq = EXCLUDED.registration_seq,
-       registration_sha256 = EXCLUDED.registration_sha256
+       registration_sha256 = EXCLUDED.registration_sha256, resources = EXCLUDED.resources
  WHERE workers.agent_run_id <> EXCLUDED.agent_run_id
     OR workers.registration_seq < EXCLUDED.registration_seq
 RETURNING incarnation
@@ -303,7 +306,8 @@ SELECT incarnation, state, agent_run_id, registration_seq, registration_sha256 F
 
 # Restarts that keep their jobs (docs/design.md, "Restarts"): a registration that asks to
 # continue incarnation $9. Parameters as REGISTER_WORKER's ($1 id, $2 address, $3 cpu_millis, $4
-# memory_mb, $5 labels, $6 agent run id, $7 registration number, $8 sha256), then $9. The row
+# memory_mb, $5 labels, $6 agent run id, $7 registration number, $8 sha256), then $9, and $10
+# the devices it offers (as REGISTER_WORKER's $9). The row
 # takes the new agent run, address, capacity and labels, a fresh heartbeat and no restart
 # hold, keeping its incarnation, only if it is still alive in that incarnation (not declared
 # dead, not left, not registered again since) and this is not a copy of a registration already
@@ -315,7 +319,7 @@ CONTINUE_WORKER = """
 UPDATE workers
    SET address = $2, cpu_millis = $3, memory_mb = $4, labels = $5::jsonb,
        last_heartbeat_at = now(), hold_until = NULL,
-       agent_run_id = $6, registration_seq = $7, registration_sha256 = $8
+       agent_run_id = $6, registration_seq = $7, registration_sha256 = $8, resources = $10::jsonb
  WHERE id = $1 AND incarnation = $9 AND state = 'alive'
    AND (agent_run_id <> $6 OR registration_seq < $7)
 RETURNING incarnation

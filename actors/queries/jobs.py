@@ -40,6 +40,8 @@ def _lifecycle(row: Mapping[str, Any]) -> dict[str, Any]:
         fields["workdir"] = row["workdir"]
     if "after_ids" in keys and row["after_ids"]:
         fields["after"] = tuple(int(i) for i in row["after_ids"])
+    if "resources" in keys and row["resources"]:
+        fields["resources"] = json.loads(row["resources"])
     if "array_max_running" in keys and row.get("array_first") is not None:
         fields["array"] = ArrayRange(
             first_index=int(row["array_first"]),
@@ -166,6 +168,11 @@ BATCH_COLUMNS = (
     "after_ids",
 )
 """The columns of :data:`SUBMIT_JOBS`' parameters $1-$16, in order."""
+
+
+def resources_json(spec: JobSpec) -> str:
+    """The devices ``spec`` asks as ``jobs.resources`` stores them: JSON {name: count}."""
+    return json.dumps(dict(spec.resources))
 
 
 def job_column_arrays(specs: Sequence[JobSpec]) -> tuple[list[Any], ...]:
