@@ -25,6 +25,7 @@ from runtime.jobs import (
     check_seconds,
     parse_array,
 )
+from runtime.resources import merge_asks
 from runtime.text import head_bytes
 
 STATUS_KEY = "status"
@@ -46,6 +47,7 @@ FIELDS: dict[str, str] = {
     "workdir": "text: the working directory, an absolute path on the worker",
     "after": "list of job ids: run once all of them have succeeded",
     "array": 'text: "FIRST-LAST[%MAX_RUNNING]", an array of tasks',
+    "resources": "table of integers: countable devices each run holds, e.g. {gpu = 2} (docs/devices.md)",
 }
 """Every field of a job, with what it holds (``stockade run --help`` lists them)."""
 
@@ -59,6 +61,7 @@ OPTIONS = {
     "workdir": "--workdir",
     "after": "--after",
     "array": "--array",
+    "resources": "--resource",
 }
 """``stockade submit``'s option of each lifecycle field, as its errors name it (the older fields'
 errors keep the spec's names, but ``--image`` and ``--sleep-s``)."""
@@ -223,6 +226,7 @@ def spec_of_options(options: Mapping[str, Any]) -> JobSpec:
             parse_constraint(text, field="--constraint") for text in options.get("constraints") or ()
         )
         fields["env"] = env_option("env", options.get("env") or ())
+        fields["resources"] = tuple(merge_asks(options.get("resources") or (), field="resources").items())
         fields["after"] = ids_option("after", options.get("after") or ())
         array = options.get("array")
         fields["array"] = None if array is None else parse_array(array, field="array")
@@ -279,6 +283,12 @@ def _env(field: str, value: Any) -> tuple[tuple[str, str], ...]:
     return tuple((name, _text(f"{field}[{name}]", item)) for name, item in value.items())
 
 
+def _resources(field: str, value: Any) -> tuple[tuple[str, int], ...]:
+    if not isinstance(value, dict):
+        raise InvalidArgument(field, value, "must be a table of NAME = COUNT (e.g. gpu = 2)")
+    return tuple((name, _whole(f"{field}[{name}]", item)) for name, item in value.items())
+
+
 def _ids(field: str, value: Any) -> tuple[int, ...]:
     items = value if isinstance(value, list) else [value]
     return tuple(_whole(f"{field}[{index}]", item) for index, item in enumerate(items))
@@ -307,6 +317,7 @@ _READERS: dict[str, Callable[[str, Any], Any]] = {
     "workdir": _text,
     "after": _ids,
     "array": _array,
+    "resources": _resources,
 }
 """How each field's value in a file is read (its type; the rules are the spec's)."""
 assert _READERS.keys() == FIELDS.keys()
@@ -376,6 +387,7 @@ def fields_of(spec: JobSpec) -> dict[str, Any]:
             "workdir": spec.workdir or None,
             "after": list(spec.after),
             "array": spec.array.describe() if spec.array is not None else None,
+            "resources": dict(spec.resources),
         }
     )
     return fields

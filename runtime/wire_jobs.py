@@ -45,7 +45,7 @@ def job_spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         env=dict(spec.env),
         workdir=spec.workdir,
         after=list(spec.after),
-        resources=dict(spec.resources),
+        resources=[pb.ResourceCount(name=name, count=count) for name, count in spec.resources],
     )
     if spec.array is not None:
         message.array = pb.JobArray(**attrs.asdict(spec.array))
@@ -98,7 +98,7 @@ def job_spec_from_pb(message: pb.JobSpec | None, *, strict: bool = True) -> JobS
         env=dict(message.env),
         workdir=message.workdir,
         after=tuple(message.after),
-        resources=dict(message.resources),
+        resources=[(r.name, r.count) for r in message.resources],
         array=None
         if message.array is None
         else ArrayRange(

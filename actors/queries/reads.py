@@ -11,6 +11,7 @@ SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_m
        j.max_attempts, j.retry_backoff_ms, j.count_lost, j.timeout_ms,
        j.constraints::text AS constraints, j.env::text AS env, j.workdir, j.after_ids, j.array_max_running,
        j.failures, j.array_id, j.array_index,
+       CASE WHEN j.resources = '{}'::jsonb THEN NULL ELSE j.resources::text END AS resources,
        extract(epoch FROM j.not_before)::float8 AS not_before_unix_s,
        j.state, j.reason, j.cancel_requested, j.attempts, j.exit_code,
        extract(epoch FROM j.submitted_at)::float8 AS submitted_unix_s,

@@ -182,6 +182,17 @@ def submit(
             show_default=False,
         ),
     ] = None,
+    resource: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--resource",
+            metavar="NAME=COUNT",
+            help="Countable devices each run holds, whole units of one worker, e.g. --resource gpu=2; "
+            "repeatable. The job gets their ids as STOCKADE_RESOURCE_<NAME> (and, for gpu, "
+            "CUDA_VISIBLE_DEVICES) (docs/devices.md).",
+            show_default=False,
+        ),
+    ] = None,
     env: Annotated[
         list[str] | None,
         typer.Option(
@@ -247,6 +258,7 @@ def submit(
                 "count_lost": count_lost,
                 "timeout_s": timeout_s,
                 "constraints": constraint or [],
+                "resources": resource or [],
                 "env": env or [],
                 "workdir": workdir,
                 "after": after or [],

@@ -32,6 +32,7 @@ from runtime.oom import (
     check_oom_score_adj,
 )
 from runtime.priority import check_nice
+from runtime.resources import merge_offers
 from runtime.settings.agent import (
     JOB_RESOURCES_CHOICES,
     MAX_JOB_NICE,
@@ -251,6 +252,17 @@ def _labels_checked(labels: list[str] | None) -> list[str] | None:
     return labels
 
 
+def _resources_checked(resources: list[str] | None) -> list[str] | None:
+    """The --resource values, checked as they are parsed (as :func:`_labels_checked`)."""
+    from runtime.errors import InvalidArgument
+
+    try:
+        merge_offers(resources or [])
+    except InvalidArgument as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    return resources
+
+
 @app.command("agent")
 @with_options(WORKER_OPTIONS)
 def agent(
@@ -283,6 +295,16 @@ def agent(
             callback=_labels_checked,
         ),
     ] = None,
+    resource: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--resource",
+            help="Countable devices offered, NAME=ID,ID,... (repeatable), e.g. --resource gpu=0,1,2,3; "
+            "each unit id once. Without a gpu here, the GPUs nvidia-smi -L lists, where it exists. "
+            "Jobs ask them with stockade submit --resource gpu=2 (docs/devices.md).",
+            callback=_resources_checked,
+        ),
+    ] = None,
 ) -> None:
     """Run one worker agent in the foreground until SIGTERM or Ctrl-C (a clean stop: every job
     stopped), or SIGHUP (a planned restart: it exits leaving its jobs running for the agent
@@ -307,6 +329,7 @@ def agent(
             **_settings_fields(options),
             tls=None if folder is None else TlsFiles.in_dir(folder, worker_id),
             labels={**parse_labels(label or []), **({"container": "none"} if no_containers else {})},
+            resources=merge_offers(resource or []),
         )
     with errors():
         _check(options)

@@ -48,6 +48,7 @@ __all__ = (
     "Refusal",
     "RegisterWorkerReply",
     "RegisterWorkerRequest",
+    "ResourceCount",
     "ResourceUnits",
     "SetAccountRequest",
     "SleepRuntime",
@@ -958,14 +959,10 @@ class JobSpec(betterproto2.Message):
     Submit an array of tasks of this spec (SubmitJob only).
     """
 
-    resources: "dict[str, int]" = betterproto2.field(
-        60,
-        betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_UINT32),
-    )
+    resources: "list[ResourceCount]" = betterproto2.field(60, betterproto2.TYPE_MESSAGE, repeated=True)
     """
-    Countable devices asked (docs/devices.md): resource name -> how many whole units of one
-    worker each run holds (e.g. gpu: 2). Names of [a-z][a-z0-9_-]*; 0 reads as none.
+    Countable devices asked (docs/devices.md): how many whole units of one worker each run
+    holds, per resource name (e.g. gpu, 2). Each name once; a count of 0 reads as none.
     """
 
 
@@ -1377,6 +1374,23 @@ class RegisterWorkerRequest(betterproto2.Message):
 
 
 default_message_pool.register_message("stockade.v1", "RegisterWorkerRequest", RegisterWorkerRequest)
+
+
+@dataclass(eq=False, repr=False)
+class ResourceCount(betterproto2.Message):
+    """
+    How many units of one countable resource a job asks (docs/devices.md).
+    """
+
+    name: "str" = betterproto2.field(40, betterproto2.TYPE_STRING)
+    """
+    [a-z][a-z0-9_-]*, e.g. gpu.
+    """
+
+    count: "int" = betterproto2.field(41, betterproto2.TYPE_UINT32)
+
+
+default_message_pool.register_message("stockade.v1", "ResourceCount", ResourceCount)
 
 
 @dataclass(eq=False, repr=False)
