@@ -13,7 +13,12 @@ from seeding import insert_job
 from serving import HOLD_LEASE, placer_with_ledger
 
 from actors import queries
+from actors.console.views import devices_of
+from actors.ingest_replies import _worker_info
 from actors.placer_store import PgPlacerStore
+from actors.queries import console as console_queries
+from ops.cli.render import worker_devices
+from ops.client.results import worker_from_pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.errors import DuplicateKey
 from runtime.settings.leader import PlacerSettings
@@ -161,3 +166,22 @@ async def test_a_job_asking_a_resource_no_worker_offers_waits_saying_so(
     assert [c.job_id for c in committed] == [plain]
     row = await db.fetchrow("SELECT state, reason FROM jobs WHERE id = $1", waiting)
     assert (row["state"], row["reason"]) == ("pending", "unschedulable: needs 2 gpu, no worker offers gpu")
+
+
+async def test_status_shows_units_in_use_and_offered(db: PgConnection, database_url: str) -> None:
+    """The status view's worker row says which units are offered and which are held: gpu 2/4
+    in the workers table, and the cluster's total."""
+    await register(db, "w-1", {"gpu": ["0", "1", "2", "3"]})
+    await register(db, "w-2", {})
+    await submit(db, "a", {"gpu": 2})
+    async with placer_with_ledger(database_url, SETTINGS) as placer:
+        await placer.round(1)
+    rows = await db.fetch(queries.STATUS_WORKERS)
+    workers = [worker_from_pb(_worker_info(r)) for r in rows]
+    assert workers[0].resources == (("gpu", ("0", "1", "2", "3")),)
+    assert workers[0].resources_in_use == (("gpu", ("0", "1")),)
+    assert [worker_devices(w) for w in workers] == ["gpu 2/4", "-"]
+    console = await db.fetchrow(console_queries.CONSOLE_WORKER, "w-1")
+    assert devices_of(console["resources"], console["units_in_use"]) == [
+        {"name": "gpu", "offered": 4, "in_use": ["0", "1"]}
+    ]
