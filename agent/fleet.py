@@ -219,6 +219,7 @@ def fleet_settings(
     control_planes: Sequence[str],
     listen_host: str = "127.0.0.1",
     cert_dir: Path | None = None,
+    resources: dict[str, tuple[str, ...]] | None = None,
     **options: Any,
 ) -> list[AgentSettings]:
     """One :class:`AgentSettings` per worker.
@@ -227,6 +228,8 @@ def fleet_settings(
         control_planes: the fleet's control-plane addresses (a worker's own list wins).
         cert_dir: the folder of ``ca.crt`` and each worker's ``<id>.crt`` and ``<id>.key``
             (:class:`runtime.tls.TlsFiles`); None: plaintext (``--insecure``).
+        resources: the devices every worker offers, name -> unit ids, but those whose spec
+            names its own (``stockade fleet --resource``; docs/devices.md).
         options: further :class:`AgentSettings` fields shared by all.
 
     A ``job_uids`` range in ``options`` is split evenly among the workers, in their order
@@ -256,7 +259,7 @@ def fleet_settings(
                 advertise_address=worker.advertise_address,
                 tls=None if cert_dir is None else TlsFiles.in_dir(cert_dir, worker.worker_id),
                 job_uids=uids,
-                resources=dict(worker.resources),
+                resources=dict(worker.resources or resources or {}),
                 **options,
             )
         )

@@ -21,8 +21,11 @@ import trio
 from ops import certs as certs_module
 from ops import checker, faults
 from ops.chaosresult import (
+    CHAOS_GPUS_PER_WORKER,
     CHAOS_PREEMPT_COOLDOWN_S,
     CHAOS_PREEMPT_GRACE_S,
+    DEVICE_JOB_DURATION_S,
+    DEVICE_JOB_GPUS,
     FAILING_MAX_ATTEMPTS,
     HIGH_PRIORITY,
     HIGH_PRIORITY_EVERY,
@@ -124,6 +127,8 @@ class Harness:
                 async with trio.open_nursery() as nursery:
                     stop_submitting = trio.Event()
                     nursery.start_soon(self._submit, addresses, stop_submitting)
+                    if s.devices:
+                        nursery.start_soon(self._sample_devices, client, stop_submitting)
                     kill_worker_at = self._spread(s.worker_kills)
                     restart_worker_at = self._spread(s.worker_restarts, offset=1)
                     partition_at = self._spread(s.partitions)
@@ -197,6 +202,9 @@ class Harness:
                 "--preempt-cooldown-s",
                 str(CHAOS_PREEMPT_COOLDOWN_S),
             )
+        if self.settings.devices and isinstance(self.cluster, LocalCluster | DockerCluster):
+            units = ",".join(str(k) for k in range(CHAOS_GPUS_PER_WORKER))
+            self.cluster.agent_args = (*self.cluster.agent_args, "--resource", f"gpu={units}")
         self.cluster.up(control_planes=self.settings.control_planes, workers=self.settings.workers)
         self._issue_accounts()
 
@@ -409,6 +417,10 @@ class Harness:
                 cpu_millis=self._rng.choice([1000, 2000, 4000] if s.preemption else [100, 250, 500, 1000]),
                 memory_mb=self._rng.choice([64, 128, 256, 512]),
             )
+            if s.devices and self._rng.random() < s.device_share:
+                # A device job: 1 to 4 of a worker's 8 fake gpu, running longer.
+                spec.resources = [pb.ResourceCount(name="gpu", count=self._rng.randint(*DEVICE_JOB_GPUS))]
+                duration_s = self._rng.uniform(*DEVICE_JOB_DURATION_S)
             if s.preemption and (self._submitted + 1) % HIGH_PRIORITY_EVERY == 0:
                 spec.cpu_millis, spec.priority = 4000, HIGH_PRIORITY
             client = clients[self._submitted % len(clients)]
@@ -428,6 +440,23 @@ class Harness:
                 pass  # no replica answered this once (one may be frozen): try the next
             next_at += interval
             await trio.sleep_until(max(next_at, trio.current_time()))
+
+    async def _sample_devices(self, client: ControlPlaneClient, stop: trio.Event) -> None:
+        """Every half second until ``stop``: the gpu in use and offered by the alive workers and
+        the pending jobs, from the status (a sample the status call misses is skipped)."""
+        while not stop.is_set():
+            with contextlib.suppress(StockadeError):
+                status = await client.call("status", pb.StatusRequest())
+                used = offered = 0
+                for worker in status.workers:
+                    if worker.state != "alive":
+                        continue
+                    offered += sum(len(r.units) for r in worker.resources if r.name == "gpu")
+                    used += sum(len(r.units) for r in worker.resources_in_use if r.name == "gpu")
+                pending = sum(c.count for c in status.jobs if c.state == "pending")
+                self.result.device_samples.append((used, offered, pending))
+            with trio.move_on_after(0.5):
+                await stop.wait()
 
     async def _wait_finished(self, client: ControlPlaneClient) -> None:
         self.progress("injections done; waiting for every job to finish")

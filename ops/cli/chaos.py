@@ -116,6 +116,15 @@ def chaos(
             "the cluster; every 15th job asks 4,000 cpu_millis at priority 10.",
         ),
     ] = False,
+    devices: Annotated[
+        bool,
+        typer.Option(
+            "--devices/--no-devices",
+            help="Give every worker 8 fake gpu units and make three jobs in four ask 1 to 4 of them, "
+            "running 2 to 6 s; the checker also checks no unit was held by two jobs at once, and the "
+            "table shows the gpu use while jobs waited (docs/devices.md).",
+        ),
+    ] = True,
     docker: Annotated[
         bool,
         typer.Option(
@@ -181,6 +190,7 @@ def chaos(
         seed=seed,
         accounts=accounts,
         preemption=preemption,
+        devices=devices,
     )
     harness = Harness(settings=settings, cluster=cluster, progress=lambda line: err_console().print(line))
     try:

@@ -55,6 +55,18 @@ def _default(name: str) -> Any:
 
 _agent = settings_rows("agent", _default)
 
+
+def _resources_checked(resources: list[str] | None) -> list[str] | None:
+    """The --resource values, checked as they are parsed (as :func:`_labels_checked`)."""
+    from runtime.errors import InvalidArgument
+
+    try:
+        merge_offers(resources or [])
+    except InvalidArgument as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    return resources
+
+
 WORKER_OPTIONS: dict[str, Option] = {
     **_agent(
         "heartbeat_interval_s",
@@ -172,6 +184,17 @@ WORKER_OPTIONS: dict[str, Option] = {
         "the kernel's OOM killer takes jobs first; without CAP_SYS_RESOURCE it goes as low as it "
         "may and says so.",
     ),
+    "resource": Option(
+        None,
+        kind=list[str] | None,
+        help="Countable devices offered, NAME=ID,ID,... (repeatable), e.g. --resource gpu=0,1,2,3; each "
+        "unit id once; a fleet's workers each offer them (a worker's own resources in the spec win). "
+        "Without a gpu here, the GPUs nvidia-smi -L lists, where it exists. Jobs ask them with "
+        "stockade submit --resource gpu=2 (docs/devices.md).",
+        callback=_resources_checked,
+        metavar="NAME=ID,ID,...",
+        show_default=False,
+    ),
     **PROCESS_OPTIONS,
 }
 """The options of ``stockade agent`` and ``stockade fleet``, in the order ``--help`` lists them;
@@ -252,17 +275,6 @@ def _labels_checked(labels: list[str] | None) -> list[str] | None:
     return labels
 
 
-def _resources_checked(resources: list[str] | None) -> list[str] | None:
-    """The --resource values, checked as they are parsed (as :func:`_labels_checked`)."""
-    from runtime.errors import InvalidArgument
-
-    try:
-        merge_offers(resources or [])
-    except InvalidArgument as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    return resources
-
-
 @app.command("agent")
 @with_options(WORKER_OPTIONS)
 def agent(
@@ -295,16 +307,6 @@ def agent(
             callback=_labels_checked,
         ),
     ] = None,
-    resource: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--resource",
-            help="Countable devices offered, NAME=ID,ID,... (repeatable), e.g. --resource gpu=0,1,2,3; "
-            "each unit id once. Without a gpu here, the GPUs nvidia-smi -L lists, where it exists. "
-            "Jobs ask them with stockade submit --resource gpu=2 (docs/devices.md).",
-            callback=_resources_checked,
-        ),
-    ] = None,
 ) -> None:
     """Run one worker agent in the foreground until SIGTERM or Ctrl-C (a clean stop: every job
     stopped), or SIGHUP (a planned restart: it exits leaving its jobs running for the agent
@@ -329,7 +331,7 @@ def agent(
             **_settings_fields(options),
             tls=None if folder is None else TlsFiles.in_dir(folder, worker_id),
             labels={**parse_labels(label or []), **({"container": "none"} if no_containers else {})},
-            resources=merge_offers(resource or []),
+            resources=merge_offers(options["resource"] or []),
         )
     with errors():
         _check(options)
@@ -384,6 +386,7 @@ def fleet(
             control_planes=named_addresses(control_planes),
             listen_host=host,
             cert_dir=folder,
+            resources=merge_offers(options["resource"] or []),
             **_settings_fields(options),
         )
         _check(options)
