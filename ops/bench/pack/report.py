@@ -274,10 +274,11 @@ def render(report: PackReport) -> Group:
             )
         )
     for point in report.scale:
+        devices = f" ({point.device_share:.0%} asking gpu)" if point.device_share else ""
         parts.append(
             Text(
                 f"scale: {point.pending:>6} pending x {point.workers:>4} workers x {point.accounts:>3} "
-                f"accounts{f' ({point.device_share:.0%} asking gpu)' if point.device_share else ''}: round p50 "
+                f"accounts{devices}: round p50 "
                 f"{point.round_p50_ms} ms, p99 {point.round_p99_ms} ms, max {point.round_max_ms} ms, "
                 f"first (full read) {point.first_round_ms} ms"
             )
