@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from properties import examples
 
-from actors.pending_queue import PendingJob
+from actors.pending_queue import PendingJob, PendingQueue
 from actors.placement import place
+from actors.preemption import candidates
 from actors.rooms import WorkerRoom, unit_order
 
 GPUS = ("0", "1", "2", "3", "4", "5", "6", "7")
@@ -150,3 +151,23 @@ def test_a_job_waits_while_its_units_are_in_use_without_a_reason() -> None:
     ]
     plan = place([PendingJob(job_id=1, cpu_millis=100, memory_mb=10, resources=(("gpu", 2),))], workers)
     assert plan.placements == () and 1 not in plan.unschedulable
+
+
+def test_a_job_asking_devices_is_no_preemption_candidate() -> None:
+    """Of two high-priority jobs that fit no free room, the one asking gpu is not a preemption
+    candidate (what a preemption frees is judged without units); the other is."""
+    queue = PendingQueue()
+    queue.replace(
+        [
+            PendingJob(job_id=1, cpu_millis=4000, memory_mb=10, priority=10, resources=(("gpu", 1),)),
+            PendingJob(job_id=2, cpu_millis=4000, memory_mb=10, priority=10),
+        ]
+    )
+    full = WorkerRoom(
+        worker_id="w-1",
+        cpu_millis=4000,
+        memory_mb=8192,
+        cpu_allocated_millis=4000,
+        resources={"gpu": ("0",)},
+    )
+    assert [c.job_id for c in candidates(queue, [full], skip=(), limit=5)] == [2]
