@@ -122,55 +122,63 @@ class Harness:
         s = self.settings
         addresses = self.cluster.config().control_plane_addresses
         client = ControlPlaneClient(addresses, timeout_s=1.0, tls=self.cluster.config().client_tls)
+        finished = trio.Event()
         try:
-            with recording_aborts(self.result.errors):
-                async with trio.open_nursery() as nursery:
-                    stop_submitting = trio.Event()
-                    nursery.start_soon(self._submit, addresses, stop_submitting)
-                    if s.devices:
-                        nursery.start_soon(self._sample_devices, client, stop_submitting)
-                    kill_worker_at = self._spread(s.worker_kills)
-                    restart_worker_at = self._spread(s.worker_restarts, offset=1)
-                    partition_at = self._spread(s.partitions)
-                    mass_partition_at = self._spread(s.mass_partitions, offset=1)
-                    db_restart_at = self._spread(s.db_restarts, offset=2)
-                    db_failover_at = self._spread(s.db_failovers, offset=2)
-                    freezes = 0
-                    for i in range(self._steps()):
-                        if i >= s.failovers:
-                            await trio.sleep(1.0)  # a step with no failover: faults only
-                        elif i % 2 == 0:
-                            await self.kill_leader(client)
-                        else:
-                            freezes += 1
-                            in_tx = s.mid_transaction_every > 0 and freezes % s.mid_transaction_every == 2
-                            await self.freeze_leader(client, in_transaction=in_tx)
-                        if i in kill_worker_at:
-                            await self.kill_worker(client)
-                        if i in restart_worker_at:
-                            await self.restart_worker(client)
-                        if i in partition_at:
-                            nursery.start_soon(self.partition_worker)
-                        if i in mass_partition_at:
-                            await self.partition_every_worker()
-                        if i in db_restart_at:
-                            await self.restart_database(
-                                client, how=("fast", "kill")[len(self.result.db_outages) % 2]
-                            )
-                        if i in db_failover_at:
-                            await self.fail_over_database(client)
-                        self.progress(self._line(i + 1))
-                        await trio.sleep(s.settle_s)
-                    if s.partitions or s.mass_partitions:
-                        # Keep the jobs coming until every partition healed and its worker had
-                        # time to register again and get work.
-                        while any(link.cut for link in self._links.values()):  # noqa: ASYNC110
-                            await trio.sleep(0.1)
-                        await trio.sleep(3.0)
-                    stop_submitting.set()
-                await self._wait_finished(client)
+            async with trio.open_nursery() as sampling:
+                if s.devices:
+                    sampling.start_soon(self._sample_devices, client, finished)
+                await self._inject_then_wait(client, addresses)
+                finished.set()
         finally:
             client.close()
+
+    async def _inject_then_wait(self, client: ControlPlaneClient, addresses: Sequence[str]) -> None:
+        """:meth:`_inject_and_wait`'s injections and wait, on ``client``."""
+        s = self.settings
+        with recording_aborts(self.result.errors):
+            async with trio.open_nursery() as nursery:
+                stop_submitting = trio.Event()
+                nursery.start_soon(self._submit, addresses, stop_submitting)
+                kill_worker_at = self._spread(s.worker_kills)
+                restart_worker_at = self._spread(s.worker_restarts, offset=1)
+                partition_at = self._spread(s.partitions)
+                mass_partition_at = self._spread(s.mass_partitions, offset=1)
+                db_restart_at = self._spread(s.db_restarts, offset=2)
+                db_failover_at = self._spread(s.db_failovers, offset=2)
+                freezes = 0
+                for i in range(self._steps()):
+                    if i >= s.failovers:
+                        await trio.sleep(1.0)  # a step with no failover: faults only
+                    elif i % 2 == 0:
+                        await self.kill_leader(client)
+                    else:
+                        freezes += 1
+                        in_tx = s.mid_transaction_every > 0 and freezes % s.mid_transaction_every == 2
+                        await self.freeze_leader(client, in_transaction=in_tx)
+                    if i in kill_worker_at:
+                        await self.kill_worker(client)
+                    if i in restart_worker_at:
+                        await self.restart_worker(client)
+                    if i in partition_at:
+                        nursery.start_soon(self.partition_worker)
+                    if i in mass_partition_at:
+                        await self.partition_every_worker()
+                    if i in db_restart_at:
+                        await self.restart_database(
+                            client, how=("fast", "kill")[len(self.result.db_outages) % 2]
+                        )
+                    if i in db_failover_at:
+                        await self.fail_over_database(client)
+                    self.progress(self._line(i + 1))
+                    await trio.sleep(s.settle_s)
+                if s.partitions or s.mass_partitions:
+                    # Keep the jobs coming until every partition healed and its worker had
+                    # time to register again and get work.
+                    while any(link.cut for link in self._links.values()):  # noqa: ASYNC110
+                        await trio.sleep(0.1)
+                    await trio.sleep(3.0)
+                stop_submitting.set()
+            await self._wait_finished(client)
 
     def _line(self, done: int) -> str:
         last = self.result.failovers[-1] if self.result.failovers else None
@@ -442,8 +450,9 @@ class Harness:
             await trio.sleep_until(max(next_at, trio.current_time()))
 
     async def _sample_devices(self, client: ControlPlaneClient, stop: trio.Event) -> None:
-        """Every half second until ``stop``: the gpu in use and offered by the alive workers and
-        the pending jobs, from the status (a sample the status call misses is skipped)."""
+        """Every half second until ``stop`` (every job finished): the gpu in use and offered by the
+        alive workers and the pending jobs, from the status (a sample the status call misses is
+        skipped)."""
         while not stop.is_set():
             with contextlib.suppress(StockadeError):
                 status = await client.call("status", pb.StatusRequest())

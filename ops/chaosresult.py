@@ -31,10 +31,11 @@ CHAOS_GPUS_PER_WORKER = 8
 """With ``devices``, the fake gpu units each worker of a chaos run offers (``--resource gpu=0,...,7``)."""
 DEVICE_JOB_GPUS = (1, 4)
 """With ``devices``, the gpu a device job asks: uniform, inclusive."""
-DEVICE_JOB_DURATION_S = (2.0, 6.0)
+DEVICE_JOB_DURATION_S = (3.0, 9.0)
 """With ``devices``, a device job's duration (uniform, seconds): at 12 jobs/s, a share of 0.75 of
-them asking 2.5 gpu for 4 s on average want about 90 of the 80 gpu of 10 workers, so the gpu
-stay busy and a device backlog builds (what the device use while jobs wait is measured on)."""
+them asking 2.5 gpu for 6 s on average want about 135 of the 80 gpu of 10 workers, so the gpu
+stay busy and a device backlog builds (what the device use while jobs wait is measured on); a
+unit idles between two jobs for a heartbeat and a round, a smaller share of a longer job."""
 FAILING_MAX_ATTEMPTS = 2
 """Runs of a job a chaos run makes to fail (:attr:`ChaosSettings.failing_share`): one retry."""
 
@@ -151,7 +152,7 @@ class ChaosResult:
     errors: list[str] = attrs.field(factory=list)
     device_samples: list[tuple[int, int, int]] = attrs.field(factory=list)
     """With devices: (gpu in use, gpu offered by alive workers, pending jobs) read from the
-    status every half second while jobs were submitted."""
+    status every half second from the first submission until every job finished."""
 
     @property
     def device_use_while_waiting(self) -> float | None:
