@@ -30,6 +30,7 @@ def job_spec(
     workdir: str | None = None,
     after: Iterable[int] = (),
     array: str | ArrayRange | None = None,
+    resources: Mapping[str, int] | None = None,
 ) -> JobSpec:
     """A checked job spec from a job file's fields (None: the field's default).
 
@@ -52,6 +53,8 @@ def job_spec(
         workdir: the working directory, an absolute path on the worker.
         after: jobs that must all have succeeded first.
         array: ``"FIRST-LAST[%MAX_RUNNING]"`` (or an :class:`ArrayRange`): one task per index.
+        resources: countable devices each run holds, name -> count (``{"gpu": 2}``: two whole
+            gpu units of one worker; docs/devices.md).
 
     Give exactly one runtime: ``sleep_s``, ``command``, or ``image`` (with an optional ``command``).
 
@@ -78,6 +81,7 @@ def job_spec(
         "workdir": workdir,
         "after": list(after),
         "array": array.describe() if isinstance(array, ArrayRange) else array,
+        "resources": None if resources is None else dict(resources),
     }
     from ops.jobfields import spec_of_table
 
