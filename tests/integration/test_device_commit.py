@@ -14,11 +14,14 @@ from serving import HOLD_LEASE, placer_with_ledger
 
 from actors import queries
 from actors.console.views import devices_of
+from actors.dispatcher import assignment_message
 from actors.ingest_replies import _worker_info
 from actors.placer_store import PgPlacerStore
 from actors.queries import console as console_queries
+from actors.reconciler_store import _delivery
 from ops.cli.render import worker_devices
 from ops.client.results import worker_from_pb
+from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.errors import DuplicateKey
 from runtime.settings.leader import PlacerSettings
@@ -185,3 +188,27 @@ async def test_status_shows_units_in_use_and_offered(db: PgConnection, database_
     assert devices_of(console["resources"], console["units_in_use"]) == [
         {"name": "gpu", "offered": 4, "in_use": ["0", "1"]}
     ]
+
+
+async def test_an_unconfirmed_assignment_is_sent_again_with_its_units(db: PgConnection) -> None:
+    """The reconciler's resend of an assignment no heartbeat confirmed carries the units the
+    placement recorded, as the first dispatch did."""
+    incarnation = await register(db, "w-1", {"gpu": ["0", "1", "2"]})
+    job = await submit(db, "a", {"gpu": 2})
+    await db.fetch(
+        queries.COMMIT_PLACEMENTS,
+        [job],
+        ["w-1"],
+        [incarnation],
+        1,
+        True,
+        [],
+        [],
+        [job, job],
+        ["gpu", "gpu"],
+        ["2", "0"],
+    )
+    (row,) = await db.fetch(queries.UNCONFIRMED_ASSIGNMENTS)
+    delivery = _delivery(row)
+    assert delivery.assignment.units == (("gpu", ("0", "2")),)
+    assert assignment_message(delivery.assignment).units == [pb.ResourceUnits(name="gpu", units=["0", "2"])]
