@@ -105,7 +105,10 @@ CREATE TABLE IF NOT EXISTS workers (
     -- derived from (NULL: none told), and the send time (its monotonic clock, µs) of the newest
     -- heartbeat recorded, which orders them (docs/design.md, "Heartbeat interval")
     dead_after_ms        integer,
-    heartbeat_sent_us    bigint      NOT NULL DEFAULT 0
+    heartbeat_sent_us    bigint      NOT NULL DEFAULT 0,
+    -- the countable devices it offers (docs/devices.md): {name: [unit id, ...]}, as its latest
+    -- registration said (runtime/resources.py checked them: each unit once)
+    resources            jsonb       NOT NULL DEFAULT '{}'
 ) WITH (fillfactor = 70);
 
 -- Allocation per worker and the send window's counters, kept exact by the triggers below, in a
@@ -225,6 +228,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     retry_on_exit        integer[]   NOT NULL DEFAULT '{}',
     no_retry_on          text[]      NOT NULL DEFAULT '{}',
     array_max_failed     integer     CHECK (array_max_failed > 0),
+    -- the countable devices each run holds (docs/devices.md): {name: count}, '{}' for none
+    resources            jsonb       NOT NULL DEFAULT '{}',
     -- a job depends only on jobs older than itself (queries.SUBMIT_JOB names only jobs that
     -- exist; queries.SUBMIT_JOBS gives a batch's jobs ids above those of the jobs of the batch
     -- they name), so its dependencies never form a cycle
@@ -293,6 +298,24 @@ CREATE INDEX IF NOT EXISTS assignments_cancelled_by_worker
 -- The preemptions to carry out (queries.PREEMPT_DUE_ASSIGNMENTS).
 CREATE INDEX IF NOT EXISTS assignments_preempt_requested
     ON assignments (id) WHERE state = 'active' AND preempt_requested_at IS NOT NULL;
+
+-- The device units each assignment holds (docs/devices.md), written with it by the placement's
+-- fenced statement (queries.COMMIT_PLACEMENTS). active mirrors the assignment's state: the
+-- trigger assignments_free_units clears it in the statement that ends the assignment, however
+-- it ends (finished, cancelled, lost, stopped), as assignments_release frees its allocation.
+CREATE TABLE IF NOT EXISTS assignment_units (
+    assignment_id  bigint  NOT NULL REFERENCES assignments (id),
+    worker_id      text    NOT NULL,
+    resource       text    NOT NULL,
+    unit           text    NOT NULL,
+    active         boolean NOT NULL DEFAULT true,
+    PRIMARY KEY (assignment_id, resource, unit)
+);
+-- No unit of a worker is held by two active assignments, of any incarnation (a restarted agent
+-- may still run its previous life's jobs): the database's backstop under the placer's choice,
+-- as assignments_one_active_per_job is for invariant 1. Also what the placer reads as in use.
+CREATE UNIQUE INDEX IF NOT EXISTS assignment_units_one_active_holder
+    ON assignment_units (worker_id, resource, unit) WHERE active;
 
 -- ---------------------------------------------------------------- idempotency keys
 
@@ -402,7 +425,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 -- This file's version: the newest migration's (actors/migrations/).
-INSERT INTO schema_version (version) VALUES (11) ON CONFLICT (version) DO NOTHING;
+INSERT INTO schema_version (version) VALUES (12) ON CONFLICT (version) DO NOTHING;
 
 -- ================================================================ routines
 -- Everything below is functions, triggers and views, each CREATE OR REPLACE: applied with the
@@ -488,11 +511,24 @@ BEGIN
     RETURN NULL;
 END $$;
 
+-- An assignment that ends frees its device units (assignment_units.active), in the statement
+-- that ends it.
+CREATE OR REPLACE FUNCTION assignments_free_units() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE assignment_units u SET active = false
+      FROM before_rows o JOIN after_rows a ON a.id = o.id
+     WHERE u.assignment_id = a.id AND u.active AND o.state = 'active' AND a.state <> 'active';
+    RETURN NULL;
+END $$;
+
 CREATE OR REPLACE TRIGGER assignments_allocate AFTER INSERT ON assignments
     REFERENCING NEW TABLE AS created FOR EACH STATEMENT EXECUTE FUNCTION assignments_allocate();
 CREATE OR REPLACE TRIGGER assignments_release AFTER UPDATE ON assignments
     REFERENCING OLD TABLE AS before_rows NEW TABLE AS after_rows
     FOR EACH STATEMENT EXECUTE FUNCTION assignments_release();
+CREATE OR REPLACE TRIGGER assignments_free_units AFTER UPDATE ON assignments
+    REFERENCING OLD TABLE AS before_rows NEW TABLE AS after_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION assignments_free_units();
 -- ---------------------------------------------------------------- rules the statements share
 
 -- The workers judged by their silence (queries.HEARTBEAT_AGES, DECLARE_DEAD_WORKERS): every
@@ -517,14 +553,17 @@ SELECT w.id, w.incarnation, w.last_heartbeat_at, w.hold_until, w.dead_after_ms
 -- registration and its health_since has succeeded or run for p_trial_run_s since a heartbeat first
 -- listed it, a run cancelled after that long included (a user's cancel, or a drain, does not put a
 -- worker back on trial). Indexes assignments_finished_by_worker, assignments_cancelled_by_worker and
--- assignments_active_by_worker: one worker's runs since. A plain SQL function: the planner inlines
--- it into the statement that calls it.
+-- assignments_active_by_worker: one worker's runs since. With the devices it offers (resources,
+-- JSON {name: [unit, ...]}; NULL for none) and those its active assignments hold (units_in_use,
+-- JSON [[name, unit], ...]; NULL for none; index assignment_units_one_active_holder), read only
+-- for a worker that offers some. A plain SQL function: the planner inlines it into the statement
+-- that calls it.
 CREATE OR REPLACE FUNCTION live_workers(p_fresh_s float8, p_trial_run_s float8)
 RETURNS TABLE (
     id text, address text, incarnation bigint, cpu_millis integer, memory_mb integer,
     cpu_allocated_millis bigint, memory_allocated_mb bigint, unconfirmed_assignments integer,
     confirmed_assignments integer, runs_containers boolean, labels text, cordoned boolean,
-    unhealthy boolean, probe_due boolean, trial boolean
+    unhealthy boolean, probe_due boolean, trial boolean, resources text, units_in_use text
 ) LANGUAGE sql STABLE AS $$
     SELECT w.id, w.address, w.incarnation, w.cpu_millis, w.memory_mb, a.cpu_allocated_millis,
            a.memory_allocated_mb, a.unconfirmed_assignments, a.confirmed_assignments,
@@ -546,7 +585,11 @@ RETURNS TABLE (
            AND NOT EXISTS (SELECT 1 FROM assignments t
                             WHERE t.worker_id = w.id AND t.state = 'active'
                               AND t.worker_incarnation = w.incarnation
-                              AND t.confirmed_at + make_interval(secs => p_trial_run_s) <= now())
+                              AND t.confirmed_at + make_interval(secs => p_trial_run_s) <= now()),
+           CASE WHEN w.resources <> '{}'::jsonb THEN w.resources::text END,
+           CASE WHEN w.resources <> '{}'::jsonb THEN
+               (SELECT json_agg(json_build_array(u.resource, u.unit))::text FROM assignment_units u
+                 WHERE u.worker_id = w.id AND u.active) END
       FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
      WHERE w.state = 'alive' AND w.last_heartbeat_at > now() - make_interval(secs => p_fresh_s)
        AND (w.hold_until IS NULL OR w.hold_until <= now())
@@ -556,7 +599,8 @@ $$;
 -- (s, database time) each must still wait for its requeue backoff, whether it runs in a
 -- container, its constraints (NULL: none), and the workers where a run of it failed before
 -- (failed_on: their ids separated by spaces, ids hold none; NULL for none; looked up only for a
--- job that spent an attempt, index assignments_by_job), which a retry avoids (actors/placement.py).
+-- job that spent an attempt, index assignments_by_job), which a retry avoids (actors/placement.py),
+-- and the devices it asks (JSON {name: count}; NULL for none; docs/devices.md).
 CREATE OR REPLACE VIEW placeable_jobs AS
 SELECT id, cpu_millis, memory_mb, priority, reason, pending_xid, pending_seq,
        greatest(extract(epoch FROM not_before - now()), 0)::float8 AS wait_s,
@@ -565,8 +609,16 @@ SELECT id, cpu_millis, memory_mb, priority, reason, pending_xid, pending_seq,
        CASE WHEN failures > 0 THEN
            (SELECT string_agg(DISTINCT a.worker_id, ' ') FROM assignments a
              WHERE a.job_id = jobs.id AND a.outcome = 'failed') END AS failed_on,
-       owner
+       owner,
+       CASE WHEN resources = '{}'::jsonb THEN NULL ELSE resources::text END AS resources
   FROM jobs WHERE state = 'pending';
+
+-- The device units assignment p_assignment_id holds (docs/devices.md), as JSON [[name, unit],
+-- ...] sorted; NULL for none. What a dispatch of it sends (queries.UNCONFIRMED_ASSIGNMENTS).
+CREATE OR REPLACE FUNCTION held_units(p_assignment_id bigint) RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT json_agg(json_build_array(u.resource, u.unit) ORDER BY u.resource, u.unit)::text
+      FROM assignment_units u WHERE u.assignment_id = p_assignment_id
+$$;
 
 -- The accounts with a cpu_millis or memory_mb cap, their caps (NULL: none) and what their
 -- assigned and running jobs hold (index jobs_in_use_by_owner): what the placer holds a job's

@@ -42,6 +42,7 @@ def assignment_message(a: CommittedAssignment) -> pb.Assignment:
         array_index=a.array_index or 0,
         array_id=a.array_id or 0,
         placed_before=a.placed_before,
+        units=[pb.ResourceUnits(name=name, units=list(ids)) for name, ids in a.units],
     )
 
 

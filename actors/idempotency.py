@@ -45,22 +45,34 @@ def request_digest(rpc: str, items: Iterable[Any]) -> bytes:
 def job_item(job: JobSpec) -> list[Any]:
     """A checked job as it enters a request's digest: the columns it is stored in, in their
     order, then its failure policy, max_failed_tasks and after_names as one more item when any
-    is set (so the digest of a job without them is the one stored before they existed, and a
-    copy of a call sent across an upgrade is still a copy); raises ValueError for a job with
-    no runtime (not checked)."""
+    is set, then the devices it asks when it asks some (so the digest of a job without them is
+    the one stored before they existed, and a copy of a call sent across an upgrade is still a
+    copy); raises ValueError for a job with no runtime (not checked)."""
     columns = queries.job_columns(job)
     policy = [columns.retry_on_exit, columns.no_retry_on, columns.array_max_failed, list(job.after_names)]
     older = list(attrs.astuple(columns))[: -len(_NEWER_COLUMNS)]
-    return older + ([policy] if any(policy) else [])
+    item = older + ([policy] if any(policy) else [])
+    return [*item, list(job.resources)] if job.resources else item
 
 
 _NEWER_COLUMNS = ("retry_on_exit", "no_retry_on", "array_max_failed")
 """The columns of :class:`actors.queries.JobColumns` (its last) that a digest holds apart."""
 
 
-def registration_digest(*, address: str, cpu_millis: int, memory_mb: int, labels: Mapping[str, str]) -> bytes:
-    """The digest of what a registration asks for (not its outcomes: a retry may carry more)."""
-    return request_digest("register_worker", [address, cpu_millis, memory_mb, sorted(labels.items())])
+def registration_digest(
+    *,
+    address: str,
+    cpu_millis: int,
+    memory_mb: int,
+    labels: Mapping[str, str],
+    resources: Mapping[str, Sequence[str]] | None = None,
+) -> bytes:
+    """The digest of what a registration asks for (not its outcomes: a retry may carry more);
+    the devices it offers count only when it offers some."""
+    item: list[Any] = [address, cpu_millis, memory_mb, sorted(labels.items())]
+    if resources:
+        item.append(sorted((name, list(units)) for name, units in resources.items()))
+    return request_digest("register_worker", item)
 
 
 def _job_ids(ids: Sequence[int]) -> str:

@@ -197,7 +197,20 @@ def _worker_info(r: Any) -> pb.WorkerInfo:
         unhealthy=bool(r["unhealthy"]),
         unhealthy_reason=r["unhealthy_reason"] or "",
         **or_unset(r, 0.0, "drain_deadline_unix_s", "unhealthy_since_unix_s"),
+        resources=[
+            pb.ResourceUnits(name=name, units=list(units))
+            for name, units in sorted(json.loads(r.get("resources") or "{}").items())
+        ],
+        resources_in_use=_units_in_use(r.get("units_in_use")),
     )
+
+
+def _units_in_use(text: str | None) -> list[pb.ResourceUnits]:
+    """The units held on a worker (JSON [[name, unit], ...], sorted; None: none), by resource."""
+    held: dict[str, list[str]] = {}
+    for name, unit in json.loads(text) if text else ():
+        held.setdefault(name, []).append(unit)
+    return [pb.ResourceUnits(name=name, units=units) for name, units in held.items()]
 
 
 def status_reply(

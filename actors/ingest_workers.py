@@ -22,6 +22,7 @@ from protocol import pb
 from runtime import faults, log, metrics
 from runtime.aio import PgConnection, require_worker
 from runtime.errors import IdempotencyConflict, InvalidArgument, NotFound
+from runtime.resources import check_offered
 from runtime.validation import check_drain_deadline_ms, check_idempotency_key, check_worker_id
 
 _CHECKED_AS_SENT = ("worker_id", "address", "cpu_millis", "memory_mb", "agent_run_id", "registration_seq")
@@ -77,11 +78,20 @@ class WorkerHandlers(HeartbeatHandlers):
         )
         finished = list(request.finished)
         check_outcomes(finished)
+        names = [r.name for r in request.resources]
+        if len(set(names)) != len(names):
+            raise InvalidArgument("resources", names, "must name each resource once")
+        offered = check_offered({r.name: list(r.units) for r in request.resources})
+        offered_json = json.dumps(offered)
         digest = idempotency.registration_digest(
-            address=request.address, cpu_millis=request.cpu_millis, memory_mb=request.memory_mb, labels=labels
+            address=request.address,
+            cpu_millis=request.cpu_millis,
+            memory_mb=request.memory_mb,
+            labels=labels,
+            resources=offered,
         )
         if request.resume_incarnation:
-            return await self._resume_worker(request, labels, held, finished, digest)
+            return await self._resume_worker(request, labels, held, finished, digest, offered_json)
 
         async def register(conn: PgConnection) -> tuple[int, bool, Any, Any]:
             # The worker's row first (one lock order): a new incarnation ends the old one, a
@@ -103,7 +113,7 @@ class WorkerHandlers(HeartbeatHandlers):
             incarnation: int | None = None
             if not again:
                 incarnation = await conn.fetchval(
-                    queries.REGISTER_WORKER, *registration_args(request, labels, digest)
+                    queries.REGISTER_WORKER, *registration_args(request, labels, digest), offered_json
                 )
                 if incarnation is None:
                     again = True
@@ -161,6 +171,7 @@ class WorkerHandlers(HeartbeatHandlers):
         held: tuple[int, ...],
         finished: list[pb.JobOutcome],
         digest: bytes,
+        offered_json: str = "{}",
     ) -> pb.RegisterWorkerReply:
         """A restarted agent's registration that asks to continue ``request.resume_incarnation``
         (docs/design.md, "Restarts"), in one transaction: the outcomes, then the row continued
@@ -177,7 +188,10 @@ class WorkerHandlers(HeartbeatHandlers):
         async def resume(conn: PgConnection) -> tuple[bool, list[int], list[int], Any, Any]:
             await lock_and_record(conn, worker_id, finished)
             continued = await conn.fetchval(
-                queries.CONTINUE_WORKER, *registration_args(request, labels, digest), incarnation
+                queries.CONTINUE_WORKER,
+                *registration_args(request, labels, digest),
+                incarnation,
+                offered_json,
             )
             if continued is None:
                 row = await conn.fetchrow(queries.WORKER_REGISTRATION, worker_id)

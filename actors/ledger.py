@@ -9,7 +9,7 @@ keeper. docs/design.md, "How decisions are fenced" and "The ledger".
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
@@ -29,6 +29,7 @@ from actors.messages import (
     FireScheduleSlots,
     LeaseInbox,
     LedgerInbox,
+    Placement,
     PreemptAssignments,
     ReconcileResult,
     RecordedSlot,
@@ -50,6 +51,13 @@ T = TypeVar("T")
 # fencing off a frozen old leader's write commits when it wakes. Not reachable from the CLI,
 # the settings or the environment.
 _FENCING_ENABLED = True
+
+
+def _unit_rows(placements: Sequence[Placement]) -> tuple[list[int], list[str], list[str]]:
+    """The device units of ``placements`` as queries.COMMIT_PLACEMENTS' parameters $8-$10: one
+    (job id, resource, unit) row per unit, as three parallel lists."""
+    rows = [(p.job_id, name, unit) for p in placements for name, ids in p.units for unit in ids]
+    return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
 
 
 def decision_log_keys(message: LedgerInbox) -> dict[str, Any]:
@@ -342,8 +350,10 @@ class Ledger:
             _FENCING_ENABLED,
             [job_id for job_id, _ in message.reasons],
             [reason for _, reason in message.reasons],
+            *_unit_rows(message.placements),
         )
         placed = [row for row in rows if row["assignment_id"] is not None]
+        units = {p.job_id: p.units for p in message.placements if p.units}
         argvs: dict[int, dict[str, Any]] = {}
         commands = [int(row["id"]) for row in placed if row["has_payload"]]
         if commands:
@@ -361,6 +371,7 @@ class Ledger:
                 array_index=argvs.get(int(row["id"]), {}).get("array_index"),
                 array_id=argvs.get(int(row["id"]), {}).get("array_id"),
                 placed_before=bool(row["placed_before"]),
+                units=units.get(int(row["id"]), ()),
             )
             for row in placed
         )

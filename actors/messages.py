@@ -66,6 +66,8 @@ class Placement:
     incarnation: int
     cpu_millis: int
     memory_mb: int
+    units: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """The device units it holds on the worker: (name, unit ids) pairs (docs/devices.md)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -87,6 +89,8 @@ class CommittedAssignment:
     placed_before: bool = False
     """The job was placed before this assignment (a run lost, stopped or failed): its worker
     reports the start with a heartbeat pulled forward (:func:`agent.fence.early_heartbeat_allowed`)."""
+    units: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """The device units it holds on the worker: (name, unit ids) pairs (docs/devices.md)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -13,9 +13,13 @@ import numpy as np
 
 from runtime.constraints import Constraint
 
-Shape = tuple[int, int, bool, int]
+Shape = tuple[int, int, bool, int, int]
 """What a job's unschedulable reason depends on: ``(cpu_millis, memory_mb, needs_container,
-constraint group)`` (the group: an index into ``PendingQueue.groups``)."""
+constraint group, device ask)`` (the group: an index into ``PendingQueue.groups``; the device ask
+an index into ``PendingQueue.asks``, 0 for none)."""
+
+DeviceAsk = tuple[tuple[str, int], ...]
+"""The countable devices a job asks: (name, count) pairs sorted by name (docs/devices.md)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -34,6 +38,8 @@ class PendingJob:
     """The workers where a run of it failed before: it goes elsewhere when it can."""
     owner: str = ""
     """Its account (``jobs.owner``), whose quotas it counts against (docs/quotas.md)."""
+    resources: DeviceAsk = ()
+    """The countable devices it asks (docs/devices.md): whole units of one worker."""
 
 
 _QUEUE_COLUMNS = (
@@ -48,6 +54,7 @@ _QUEUE_COLUMNS = (
     "shape",
     "reason_code",
     "owner",
+    "ask",
 )
 """The :class:`PendingQueue` columns, one entry per job each, kept in step (same order)."""
 
@@ -68,6 +75,11 @@ class PendingQueue:
     groups: list[tuple[Constraint, ...]] = attrs.field(factory=lambda: [()])
     """The distinct constraints of the jobs ever held; group 0 is none. Only grows."""
     _group_of: dict[tuple[Constraint, ...], int] = attrs.field(factory=lambda: {(): 0})
+    ask: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
+    """Each job's device ask: an index into :attr:`asks`."""
+    asks: list[DeviceAsk] = attrs.field(factory=lambda: [()])
+    """The distinct device asks of the jobs ever held; ask 0 is none. Only grows."""
+    _ask_of: dict[DeviceAsk, int] = attrs.field(factory=lambda: {(): 0})
     since: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.float64))
     """When each job joined this queue, in the owner's clock (seconds); kept across
     :meth:`replace` for jobs held before."""
@@ -80,7 +92,7 @@ class PendingQueue:
     """The distinct shapes of the jobs held since the last :meth:`replace` (which rebuilds it):
     what an unschedulable reason depends on (:data:`Shape`)."""
     _shape_of: dict[Shape, int] = attrs.field(factory=dict)
-    _shape_table: np.ndarray = attrs.field(factory=lambda: np.empty((0, 4), dtype=np.int64))
+    _shape_table: np.ndarray = attrs.field(factory=lambda: np.empty((0, 5), dtype=np.int64))
     reasons: dict[int, str] = attrs.field(factory=dict)
     """The reason currently stored for a pending job (absent: none); change it only through the
     methods, which keep :attr:`reason_code` in step."""
@@ -118,17 +130,17 @@ class PendingQueue:
         """Hold exactly ``jobs`` (any order); those not held before joined at ``now``. A job
         in ``not_before`` may not be placed before that time; any other may be at once."""
         ids, cpu, mem, prio, container = _columns(jobs)
-        group, owner = self._groups_of(jobs), self._owners_of(jobs)
+        group, owner, ask = self._groups_of(jobs), self._owners_of(jobs), self._asks_of(jobs)
         since = np.full(ids.size, now, dtype=np.float64)
         if self.ids.size and ids.size:
             by_id = np.argsort(self.ids)
             at = np.minimum(np.searchsorted(self.ids, ids, sorter=by_id), self.ids.size - 1)
             held = self.ids[by_id[at]] == ids
             since[held] = self.since[by_id[at[held]]]
-        self.shapes, self._shape_of, self._shape_table = [], {}, np.empty((0, 4), dtype=np.int64)
+        self.shapes, self._shape_of, self._shape_table = [], {}, np.empty((0, 5), dtype=np.int64)
         self.reason_texts, self._code_of = [], {}
         self.reasons = {k: v for k, v in (reasons or {}).items() if v}
-        self._store(self._columns(ids, cpu, mem, prio, container, group, since, not_before, owner))
+        self._store(self._columns(ids, cpu, mem, prio, container, group, since, not_before, owner, ask))
         self.failed_on = {j.job_id: j.failed_on for j in jobs if j.failed_on}
 
     def add(
@@ -143,7 +155,7 @@ class PendingQueue:
         ``not_before``); returns how many were new. Vectorised: a round that reads a few new
         jobs into a large queue costs no Python work per queued job."""
         ids, cpu, mem, prio, container = _columns(jobs)
-        group, owner = self._groups_of(jobs), self._owners_of(jobs)
+        group, owner, ask = self._groups_of(jobs), self._owners_of(jobs), self._asks_of(jobs)
         _, first = np.unique(ids, return_index=True)
         new = np.zeros(ids.size, dtype=bool)
         new[first] = True
@@ -151,7 +163,7 @@ class PendingQueue:
         if not new.any():
             return 0
         ids, cpu, mem, prio, container = ids[new], cpu[new], mem[new], prio[new], container[new]
-        group, owner = group[new], owner[new]
+        group, owner, ask = group[new], owner[new], ask[new]
         failed_on = {j.job_id: j.failed_on for j in jobs if j.failed_on}
         for job_id in ids.tolist():
             reason = (reasons or {}).get(job_id)
@@ -160,7 +172,7 @@ class PendingQueue:
             if job_id in failed_on:
                 self.failed_on[job_id] = failed_on[job_id]
         since = np.full(ids.size, now, dtype=np.float64)
-        added = self._columns(ids, cpu, mem, prio, container, group, since, not_before, owner)
+        added = self._columns(ids, cpu, mem, prio, container, group, since, not_before, owner, ask)
         self._store(
             [
                 np.concatenate((getattr(self, name), new))
@@ -194,9 +206,10 @@ class PendingQueue:
                 constraints=self.groups[g],
                 failed_on=self.failed_on.get(i, ()),
                 owner=self.owners[o],
+                resources=self.asks[a],
             )
-            for i, c, m, p, k, g, o in zip(
-                *(getattr(self, name).tolist() for name in (*_QUEUE_COLUMNS[:6], "owner")), strict=True
+            for i, c, m, p, k, g, o, a in zip(
+                *(getattr(self, name).tolist() for name in (*_QUEUE_COLUMNS[:6], "owner", "ask")), strict=True
             )
         ]
 
@@ -205,6 +218,12 @@ class PendingQueue:
         if not any(j.constraints for j in jobs):
             return np.zeros(len(jobs), dtype=np.int64)
         return _indexes((j.constraints for j in jobs), self._group_of, self.groups)
+
+    def _asks_of(self, jobs: Sequence[PendingJob]) -> np.ndarray:
+        """Each job's index into :attr:`asks` (new asks are added), as an int64 array."""
+        if not any(j.resources for j in jobs):
+            return np.zeros(len(jobs), dtype=np.int64)
+        return _indexes((j.resources for j in jobs), self._ask_of, self.asks)
 
     def _owners_of(self, jobs: Sequence[PendingJob]) -> np.ndarray:
         """Each job's index into :attr:`owners` (new accounts are added), as an int64 array."""
@@ -231,11 +250,25 @@ class PendingQueue:
         since: np.ndarray,
         not_before: Mapping[int, float] | None,
         owner: np.ndarray,
+        ask: np.ndarray,
     ) -> tuple[np.ndarray, ...]:
         """The :data:`_QUEUE_COLUMNS` of these jobs, their shapes and reason codes added."""
-        shapes = self._shapes_of(cpu, mem, container, group)
+        shapes = self._shapes_of(cpu, mem, container, group, ask)
         codes = self._codes_of(ids, self.reasons)
-        return ids, cpu, mem, prio, container, group, since, _times(ids, not_before), shapes, codes, owner
+        return (
+            ids,
+            cpu,
+            mem,
+            prio,
+            container,
+            group,
+            since,
+            _times(ids, not_before),
+            shapes,
+            codes,
+            owner,
+            ask,
+        )
 
     def _store(self, columns: Sequence[np.ndarray]) -> None:
         """Hold these columns (those of :data:`_QUEUE_COLUMNS`, in its order), put in placement
@@ -246,9 +279,9 @@ class PendingQueue:
         self.version += 1
 
     def shape_table(self) -> np.ndarray:
-        """:attr:`shapes` as an int64 array of shape (len(shapes), 4), one row per shape."""
+        """:attr:`shapes` as an int64 array of shape (len(shapes), 5), one row per shape."""
         if self._shape_table.shape[0] != len(self.shapes):
-            self._shape_table = np.array(self.shapes, dtype=np.int64).reshape(-1, 4)
+            self._shape_table = np.array(self.shapes, dtype=np.int64).reshape(-1, 5)
         return self._shape_table
 
     def store_reasons(self, reasons: Iterable[tuple[int, str]]) -> None:
@@ -288,17 +321,17 @@ class PendingQueue:
         return np.array([self._code(reasons.get(i, "")) for i in ids.tolist()], dtype=np.int64)
 
     def _shapes_of(
-        self, cpu: np.ndarray, mem: np.ndarray, container: np.ndarray, group: np.ndarray
+        self, cpu: np.ndarray, mem: np.ndarray, container: np.ndarray, group: np.ndarray, ask: np.ndarray
     ) -> np.ndarray:
         """Each job's index into :attr:`shapes` (new shapes are added), as an int64 array: one
         Python step per distinct shape, not per job."""
         if not cpu.size:
             return np.empty(0, dtype=np.int64)
-        table = np.stack((cpu, mem, container.astype(np.int64), group), axis=1)
+        table = np.stack((cpu, mem, container.astype(np.int64), group, ask), axis=1)
         distinct, inverse = np.unique(table, axis=0, return_inverse=True)
         index = np.empty(len(distinct), dtype=np.int64)
-        for k, (c, m, box, g) in enumerate(distinct.tolist()):
-            key = (c, m, bool(box), g)
+        for k, (c, m, box, g, a) in enumerate(distinct.tolist()):
+            key = (c, m, bool(box), g, a)
             found = self._shape_of.get(key)
             if found is None:
                 found = self._shape_of[key] = len(self.shapes)

@@ -14,7 +14,7 @@ import attrs
 import numpy as np
 
 from actors.fair_share import AccountShare, fair_order
-from actors.pending_queue import PendingJob, PendingQueue
+from actors.pending_queue import DeviceAsk, PendingJob, PendingQueue
 from actors.quotas import AccountQuota, QuotaLedger
 from actors.rooms import ReasonCache, WorkerRoom, fits_by_kind, workers_key
 from runtime.constraints import satisfied
@@ -80,6 +80,61 @@ class Plan:
     """The jobs left pending because their account's use, with what the round placed, leaves
     no room for them under its caps, and why (``quota: alice uses 32000 of 32000 cpu_millis``;
     its keys: :meth:`actors.quotas.QuotaLedger.reasons`); None: none."""
+    units: dict[int, tuple[tuple[str, tuple[str, ...]], ...]] = attrs.field(factory=dict)
+    """Placed job_id -> the device units it was given on its worker, (name, unit ids) pairs
+    sorted by name, for the jobs that ask devices (docs/devices.md)."""
+
+
+@attrs.define
+class _Devices:
+    """The device units of a round's workers (in their placement order), for the names the
+    queue's jobs ask: free counts as arrays, free ids as lists taken from the lowest."""
+
+    capacity: dict[str, np.ndarray]
+    """name -> units each worker offers."""
+    free: dict[str, np.ndarray]
+    """name -> units each worker has free now."""
+    free_ids: dict[str, list[list[str]]]
+    """name -> each worker's free unit ids, lowest first."""
+
+    @classmethod
+    def of(cls, workers: Sequence[WorkerRoom], asks: Sequence[DeviceAsk]) -> _Devices:
+        names = sorted({name for ask in asks for name, _ in ask})
+        free_ids = {n: [w.free_units(n) for w in workers] for n in names}
+        return cls(
+            capacity={
+                n: np.array([len(w.resources.get(n, ())) for w in workers], dtype=np.int64) for n in names
+            },
+            free={n: np.array([len(i) for i in ids], dtype=np.int64) for n, ids in free_ids.items()},
+            free_ids=free_ids,
+        )
+
+    def able(self, ask: DeviceAsk, counts: Mapping[str, np.ndarray] | None = None) -> np.ndarray | bool:
+        """Which workers have ``ask``'s units (free ones; ``counts``: those counts instead)."""
+        counts = self.free if counts is None else counts
+        able: np.ndarray | bool = True
+        for name, count in ask:
+            able = able & (counts[name] >= count)
+        return able
+
+    def leftover(self, ask: DeviceAsk) -> np.ndarray | float:
+        """Each worker's free units left after ``ask``, over its capacity, summed over the names
+        asked (a worker offering none of a name scores as full: it is not eligible anyway)."""
+        score: np.ndarray | float = 0.0
+        for name, count in ask:
+            capacity = self.capacity[name]
+            score = score + (self.free[name] - count) / np.maximum(capacity, 1)
+        return score
+
+    def take(self, ask: DeviceAsk, worker: int) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """Give ``ask``'s units of ``worker``, the lowest free ids of each name."""
+        taken = []
+        for name, count in ask:
+            ids = self.free_ids[name][worker]
+            taken.append((name, tuple(ids[:count])))
+            del ids[:count]
+            self.free[name][worker] -= count
+        return tuple(taken)
 
 
 def place(
@@ -171,14 +226,30 @@ def place_queue_steps(
     table = queue.shape_table()
     shape_cpu, shape_mem, shape_group = table[:, 0], table[:, 1], table[:, 3]
     shape_container = table[:, 2].astype(bool)
+    # Device asks: a shape asking devices fits where a room also has its units (one test per
+    # such shape over all workers); jobs asking none cost nothing more.
+    shape_ask = table[:, 4]
+    device_shapes = np.flatnonzero(shape_ask).tolist()
+    devices = _Devices.of(ordered, [queue.asks[a] for a in set(shape_ask[device_shapes].tolist())])
 
     def fit_by_shape(
-        room_cpu: np.ndarray, room_mem: np.ndarray, among: np.ndarray | None = None
+        room_cpu: np.ndarray,
+        room_mem: np.ndarray,
+        among: np.ndarray | None = None,
+        units: Mapping[str, np.ndarray] | None = None,
     ) -> np.ndarray:
         shapes = (shape_container, shape_group, shape_cpu, shape_mem)
-        return fits_by_kind(*shapes, room_cpu, room_mem, runs_containers, group_rooms, among=among)
+        fits = fits_by_kind(*shapes, room_cpu, room_mem, runs_containers, group_rooms, among=among)
+        for k in device_shapes:
+            rooms = (room_cpu >= shape_cpu[k]) & (room_mem >= shape_mem[k]) & group_rooms[shape_group[k]]
+            if among is not None:
+                rooms &= among
+            if shape_container[k]:
+                rooms &= runs_containers
+            fits[k] = bool((rooms & devices.able(queue.asks[shape_ask[k]], units)).any())
+        return fits
 
-    holdable = fit_by_shape(cap_cpu, cap_mem)[queue.shape]
+    holdable = fit_by_shape(cap_cpu, cap_mem, units=devices.capacity)[queue.shape]
     # The reasons, one per shape of the jobs no worker could hold (from the cache while the
     # workers that take placements are the same): no Python work per job.
     cache = ReasonCache() if reason_cache is None else reason_cache
@@ -189,7 +260,7 @@ def place_queue_steps(
     present = np.flatnonzero(np.bincount(stuck_shapes, minlength=len(queue.shapes))).tolist()
     for count, k in enumerate(present, start=1):
         shape = queue.shapes[k]
-        reason = cache.reason(shape, queue.groups[shape[3]], ordered, key)
+        reason = cache.reason(shape, queue.groups[shape[3]], ordered, key, queue.asks[shape[4]])
         if reason is not None:
             by_shape[k] = reason
         if count % step_visits == 0:
@@ -220,12 +291,13 @@ def place_queue_steps(
     )
     if order is None:
         q_ids, q_cpu, q_mem, q_owner, q_shape = queue.ids, queue.cpu, queue.mem, queue.owner, queue.shape
-        q_group, q_container, q_since, q_eligible, q_holdable = (
+        q_group, q_container, q_since, q_eligible, q_holdable, q_ask = (
             queue.group,
             queue.container,
             queue.since,
             eligible,
             holdable,
+            queue.ask,
         )
     else:
         q_ids, q_cpu, q_mem, q_owner, q_shape = (
@@ -235,15 +307,16 @@ def place_queue_steps(
             queue.owner[order],
             queue.shape[order],
         )
-        q_group, q_container, q_since, q_eligible, q_holdable = (
+        q_group, q_container, q_since, q_eligible, q_holdable, q_ask = (
             queue.group[order],
             queue.container[order],
             queue.since[order],
             eligible[order],
             holdable[order],
+            queue.ask[order],
         )
     placements: list[tuple[int, str]] = []
-    sizes, reservations, held_back = plan.sizes, plan.reservations, plan.held_back
+    sizes, reservations, held_back, units = plan.sizes, plan.reservations, plan.held_back, plan.units
     unreserved = np.ones(len(ordered), dtype=bool)
     # Held workers: closed to every job but the one each is held for (its worker index).
     held_at: dict[int, int] = {}
@@ -305,6 +378,9 @@ def place_queue_steps(
             allowed = group_rooms[int(q_group[index])]
             if q_container[index]:
                 allowed = allowed & runs_containers
+            ask = queue.asks[int(q_ask[index])]
+            if ask:
+                allowed = allowed & devices.able(ask, devices.capacity)
             anywhere = allowed
             failed_on = queue.failed_on.get(job_id)
             if failed_on:
@@ -322,6 +398,8 @@ def place_queue_steps(
                         reservations[names[reserved]] = job_id
                 continue
             room = (free_cpu >= cpu) & (free_mem >= mem) & opened & (left > 0)
+            if ask:
+                room &= devices.able(ask)
             fits = room & allowed
             if not fits.any():
                 if failed_on and (room & anywhere).any():
@@ -336,6 +414,8 @@ def place_queue_steps(
                 chosen = int(np.argmax(fits))
             else:
                 score = (free_cpu - cpu) * inv_cpu + (free_mem - mem) * inv_mem
+                if ask:
+                    score = score + devices.leftover(ask)
                 if policy == "worst_fit":
                     chosen = int(np.argmax(np.where(fits, score, -np.inf)))
                 else:
@@ -345,6 +425,8 @@ def place_queue_steps(
             left[chosen] -= 1
             placements.append((job_id, names[chosen]))
             sizes[job_id] = (cpu, mem)
+            if ask:
+                units[job_id] = devices.take(ask, chosen)
             if ledger is not None:
                 ledger.take(owner, cpu, mem)
             if len(placements) >= limit:

@@ -160,6 +160,8 @@ _WORKER_COLUMNS = (
     "unhealthy",
     "probe_due",
     "trial",
+    "resources",
+    "units_in_use",
 )
 _JOB_COLUMNS = (
     "id",
@@ -174,6 +176,7 @@ _JOB_COLUMNS = (
     "constraints",
     "failed_on",
     "owner",
+    "resources",
 )
 _QUOTA_COLUMNS = ("name", "cpu_millis", "memory_mb", "used_cpu_millis", "used_memory_mb")
 
@@ -202,13 +205,26 @@ async def _waiting(rows: list[tuple[Any, ...]]) -> list[WaitingJob]:
                     constraints=_constraints(constraints),
                     failed_on=tuple(failed_on.split()) if failed_on else (),
                     owner=owner,
+                    resources=_asked(asked),
                 ),
                 reason=reason,
                 wait_s=wait_s or 0.0,
             )
-            for job_id, cpu, mem, prio, reason, _, _, wait_s, box, constraints, failed_on, owner in rows[
-                start : start + ROWS_PER_STEP
-            ]
+            for (
+                job_id,
+                cpu,
+                mem,
+                prio,
+                reason,
+                _,
+                _,
+                wait_s,
+                box,
+                constraints,
+                failed_on,
+                owner,
+                asked,
+            ) in rows[start : start + ROWS_PER_STEP]
         ]
     return waiting
 
@@ -233,6 +249,24 @@ def _account_use(row: Any) -> dict[str, AccountShare]:
 
 
 @functools.lru_cache(maxsize=1024)
+def _asked(text: str | None) -> tuple[tuple[str, int], ...]:
+    """A job's device ask from its JSON column (None: none); cached, as jobs of one kind share it."""
+    if not text:
+        return ()
+    return tuple(sorted((name, int(count)) for name, count in json.loads(text).items() if count))
+
+
+def _offered(text: str | None) -> dict[str, tuple[str, ...]]:
+    """A worker's offered devices from their JSON column (None: none)."""
+    return {name: tuple(units) for name, units in json.loads(text).items()} if text else {}
+
+
+def _in_use(text: str | None) -> frozenset[tuple[str, str]]:
+    """The (name, unit) pairs a worker's active assignments hold, from JSON (None: none)."""
+    return frozenset((name, unit) for name, unit in json.loads(text)) if text else frozenset()
+
+
+@functools.lru_cache(maxsize=1024)
 def _constraints(text: str | None) -> tuple[Constraint, ...]:
     """A job's constraints from their JSON column (None: none); cached, as jobs of one kind
     share them."""
@@ -252,6 +286,8 @@ def _live_worker(w: Any) -> LiveWorker:
             **ints(w, "cpu_millis", "memory_mb", "cpu_allocated_millis", "memory_allocated_mb"),
             runs_containers=bool(w["runs_containers"]),
             labels=json.loads(w["labels"]) if w["labels"] else {},
+            resources=_offered(w["resources"]),
+            units_in_use=_in_use(w["units_in_use"]),
         ),
         unconfirmed=int(w["unconfirmed_assignments"]),
         confirmed=int(w["confirmed_assignments"]),

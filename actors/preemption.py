@@ -119,7 +119,7 @@ def candidates(
     first ``scanned`` queued jobs not in ``skip`` (placed this round, backing off, holding a
     worker already), at most ``limit`` that some room may take (its container rule and
     constraints) whose whole capacity holds them, but whose free room none holds now, and whose
-    account's caps leave room for them.
+    account's caps leave room for them; never a job asking devices.
 
     Args:
         rooms: the workers that take placements (not cordoned, not unhealthy), with their
@@ -136,7 +136,9 @@ def candidates(
     found: list[Candidate] = []
     for at in range(min(len(queue), scanned)):
         job_id = int(queue.ids[at])
-        if job_id in skip:
+        if job_id in skip or queue.ask[at]:
+            # A job asking devices preempts nothing: what a preemption frees is judged by CPU and
+            # memory alone, not by units (docs/devices.md).
             continue
         cpu, memory = int(queue.cpu[at]), int(queue.mem[at])
         account = queue.owners[int(queue.owner[at])]

@@ -7,6 +7,7 @@ and a unit test passes a stand-in.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Protocol
 
 import attrs
@@ -99,6 +100,15 @@ class ReconcilerStore(Protocol):
         """Close the store's connection (a later read opens another)."""
 
 
+def held_units(text: str | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """An assignment's device units from schema.sql's held_units (JSON [[name, unit], ...]
+    sorted; None: none) as (name, unit ids) pairs."""
+    held: dict[str, list[str]] = {}
+    for name, unit in json.loads(text) if text else ():
+        held.setdefault(name, []).append(unit)
+    return tuple((name, tuple(units)) for name, units in sorted(held.items()))
+
+
 def _delivery(row: Any) -> Delivery:
     return Delivery(
         assignment=CommittedAssignment(
@@ -111,6 +121,7 @@ def _delivery(row: Any) -> Delivery:
             array_index=row["array_index"],
             array_id=row["array_id"],
             placed_before=bool(row["placed_before"]),
+            units=held_units(row.get("units")),
         ),
         worker=WorkerRef(
             worker_id=row["worker_id"], address=row["address"], incarnation=int(row["incarnation"])

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from actors.pending_queue import PendingJob, Shape
+from actors.pending_queue import DeviceAsk, PendingJob, Shape
 from runtime.constraints import Constraint, satisfied
 
 CONTAINER_LABEL = "container"
@@ -36,6 +36,23 @@ class WorkerRoom:
     """True when it is labelled ``container=docker`` (it may take container jobs)."""
     labels: Mapping[str, str] = attrs.field(factory=dict)
     """Its labels, which a job's constraints are judged by."""
+    resources: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+    """The countable devices it offers: name -> unit ids (docs/devices.md)."""
+    units_in_use: frozenset[tuple[str, str]] = frozenset()
+    """(name, unit id) of the units its active assignments hold."""
+
+    def free_units(self, name: str) -> list[str]:
+        """The units of ``name`` it offers that no active assignment holds, lowest first
+        (:func:`unit_order`)."""
+        return sorted(
+            (u for u in self.resources.get(name, ()) if (name, u) not in self.units_in_use), key=unit_order
+        )
+
+
+def unit_order(unit: str) -> tuple[int, int, str]:
+    """How unit ids are ordered when the placer picks the lowest free ones: numeric ids by
+    value (``2`` before ``10``), then the others as text."""
+    return (0, int(unit), "") if unit.isdigit() else (1, 0, unit)
 
 
 def send_window(confirmed: int, *, initial_window: int, max_unconfirmed: int) -> int:
@@ -59,8 +76,8 @@ class ReasonCache:
     all that a reason reads of them): reading it for another set empties it first. A memo: a
     round's decision is the same with or without it."""
 
-    key: tuple[tuple[int, int, bool, tuple[tuple[str, str], ...]], ...] | None = None
-    reasons: dict[tuple[int, int, bool, tuple[Constraint, ...]], str | None] = attrs.field(factory=dict)
+    key: tuple[Any, ...] | None = None
+    reasons: dict[tuple[Any, ...], str | None] = attrs.field(factory=dict)
     computed: int = 0
     """Reasons worked out (not found in the cache) so far: for tests and the curious."""
 
@@ -70,30 +87,44 @@ class ReasonCache:
         constraints: tuple[Constraint, ...],
         workers: Sequence[WorkerRoom],
         key: tuple[Any, ...],
+        asked: DeviceAsk = (),
     ) -> str | None:
         """:func:`unschedulable_reason` of a job of ``shape`` (its ``constraints`` those of the
-        shape's group) on ``workers``, whose :func:`workers_key` is ``key``."""
+        shape's group, ``asked`` its device ask) on ``workers``, whose :func:`workers_key` is ``key``."""
         if key != self.key:
             self.key, self.reasons = key, {}
-        cpu, mem, container, _ = shape
-        found = (cpu, mem, container, constraints)
+        cpu, mem, container, _, _ = shape
+        found = (cpu, mem, container, constraints, asked)
         if found not in self.reasons:
             job = PendingJob(
-                job_id=0, cpu_millis=cpu, memory_mb=mem, needs_container=container, constraints=constraints
+                job_id=0,
+                cpu_millis=cpu,
+                memory_mb=mem,
+                needs_container=container,
+                constraints=constraints,
+                resources=asked,
             )
             self.reasons[found] = unschedulable_reason(job, workers)
             self.computed += 1
         return self.reasons[found]
 
 
-def workers_key(
-    workers: Sequence[WorkerRoom],
-) -> tuple[tuple[int, int, bool, tuple[tuple[str, str], ...]], ...]:
+def workers_key(workers: Sequence[WorkerRoom]) -> tuple[Any, ...]:
     """What :func:`unschedulable_reason` reads of ``workers``: the distinct (cpu_millis,
-    memory_mb, runs_containers, labels) among them, sorted. Equal keys give equal reasons."""
+    memory_mb, runs_containers, labels, device counts offered) among them, sorted. Equal keys
+    give equal reasons."""
     return tuple(
         sorted(
-            {(w.cpu_millis, w.memory_mb, w.runs_containers, tuple(sorted(w.labels.items()))) for w in workers}
+            {
+                (
+                    w.cpu_millis,
+                    w.memory_mb,
+                    w.runs_containers,
+                    tuple(sorted(w.labels.items())),
+                    tuple(sorted((name, len(units)) for name, units in w.resources.items())),
+                )
+                for w in workers
+            }
         )
     )
 
@@ -118,13 +149,22 @@ def unschedulable_reason(job: PendingJob, workers: Sequence[WorkerRoom]) -> str 
                 "unschedulable: container job, no live worker runs containers "
                 f"(label {CONTAINER_LABEL}={CONTAINER_ENGINE})"
             )
+    for name, count in job.resources:
+        offering = [len(w.resources.get(name, ())) for w in workers]
+        if not any(offering):
+            return f"unschedulable: needs {count} {name}, no {_which(job)} offers {name}"
+        if max(offering) < count:
+            return f"unschedulable: needs {count} {name}, largest {_which(job)} offers {max(offering)}"
+    if job.resources:
+        workers = [w for w in workers if all(len(w.resources.get(n, ())) >= c for n, c in job.resources)]
+        if not workers:
+            asked = " and ".join(f"{c} {n}" for n, c in job.resources)
+            return f"unschedulable: needs {asked}, no {_which(job)} offers them together"
     if any(job.cpu_millis <= w.cpu_millis and job.memory_mb <= w.memory_mb for w in workers):
         return None
     largest_cpu = max(w.cpu_millis for w in workers)
     largest_mem = max(w.memory_mb for w in workers)
-    which = "container worker" if job.needs_container else "worker"
-    if job.constraints:
-        which = f"eligible {which}"
+    which = _which(job)
     if job.cpu_millis > largest_cpu:
         return f"unschedulable: needs {job.cpu_millis} cpu_millis, largest {which} has {largest_cpu}"
     if job.memory_mb > largest_mem:
@@ -132,6 +172,13 @@ def unschedulable_reason(job: PendingJob, workers: Sequence[WorkerRoom]) -> str 
     return (
         f"unschedulable: needs {job.cpu_millis} cpu_millis and {job.memory_mb} memory_mb, no {which} has both"
     )
+
+
+def _which(job: PendingJob) -> str:
+    """The workers a reason speaks of: ``worker``, ``container worker``, ``eligible worker``
+    (a job with constraints)."""
+    which = "container worker" if job.needs_container else "worker"
+    return f"eligible {which}" if job.constraints else which
 
 
 def fits_by_kind(

@@ -189,6 +189,7 @@ def plan_round_steps(
             room.cpu_millis - room.cpu_allocated_millis,
             room.memory_mb - room.memory_allocated_mb,
             room.placement_limit,
+            len(room.units_in_use),
         )
         for w, room in zip(workers, rooms, strict=True)
     )
@@ -257,6 +258,7 @@ def plan_round_steps(
             incarnation=by_id[worker_id].incarnation,
             cpu_millis=plan.sizes[job_id][0],
             memory_mb=plan.sizes[job_id][1],
+            units=plan.units.get(job_id, ()),
         )
         for job_id, worker_id in plan.placements
     )

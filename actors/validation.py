@@ -54,6 +54,12 @@ from runtime.schedules import (
     MAX_TZ_BYTES,
     MIN_STARTING_DEADLINE_S,
 )
+from runtime.resources import (
+    MAX_RESOURCE_KINDS,
+    MAX_RESOURCE_NAME_BYTES,
+    MAX_RESOURCE_UNITS,
+    MAX_UNIT_ID_BYTES,
+)
 from runtime.settings import agent as agent_settings
 from runtime.validation import (
     MAX_AUDIT_SINCE_S,
@@ -298,6 +304,15 @@ LIMITS = (
         "job `no_retry_on` (`--no-retry-on`)",
         "failure reasons, each once: " + ", ".join(f"`{r}`" for r in FAILURE_REASONS),
         (),
+    ),
+    Limit(
+        "job `resources` (`--resource NAME=COUNT`) and worker `resources` (`stockade agent --resource "
+        "NAME=ID,ID,...`)",
+        f"at most {_n(MAX_RESOURCE_KINDS)} names of 1 to {_n(MAX_RESOURCE_NAME_BYTES)} characters of "
+        f"`[a-z][a-z0-9_-]*`, each once; a job asks 0 to {_n(MAX_RESOURCE_UNITS)} units of each; a worker "
+        f"offers at most {_n(MAX_RESOURCE_UNITS)} unit ids of each, each once, of 1 to "
+        f"{_n(MAX_UNIT_ID_BYTES)} characters of `A-Z a-z 0-9 . _ : -` starting with a letter or digit",
+        ("MAX_RESOURCE_KINDS", "MAX_RESOURCE_NAME_BYTES", "MAX_RESOURCE_UNITS", "MAX_UNIT_ID_BYTES"),
     ),
     Limit(
         "`specs` of one SubmitJobs request (`stockade jobs` splits larger batches)",

@@ -28,6 +28,8 @@ class Reservation:
 
     cpu_millis: int
     memory_mb: int
+    units: frozenset[tuple[str, str]] = frozenset()
+    """The device units (name, unit id) it holds."""
 
 
 def spec_problem(order: JobOrder) -> str | None:
@@ -113,12 +115,20 @@ class Admission:
         self.observe_epoch(epoch)
         self.fenced = False
 
-    def reserve(self, assignment_id: int, *, cpu_millis: int, memory_mb: int) -> None:
+    def reserve(
+        self,
+        assignment_id: int,
+        *,
+        cpu_millis: int,
+        memory_mb: int,
+        units: tuple[tuple[str, tuple[str, ...]], ...] = (),
+    ) -> None:
         """Hold resources for an accepted job, or one this agent took over from its previous
-        process: from now on it is running here."""
+        process: from now on it is running here (with its device ``units``, (name, ids) pairs)."""
         if assignment_id in self.running:
             return
-        self.running[assignment_id] = Reservation(cpu_millis=cpu_millis, memory_mb=memory_mb)
+        held = frozenset((name, unit) for name, ids in units for unit in ids)
+        self.running[assignment_id] = Reservation(cpu_millis=cpu_millis, memory_mb=memory_mb, units=held)
         self.cpu_used_millis += cpu_millis
         self.memory_used_mb += memory_mb
 
@@ -170,7 +180,10 @@ class Admission:
                 accepted.append(job.assignment_id)
                 if job.assignment_id not in self.running and job.assignment_id not in self.ended:
                     self.reserve(
-                        job.assignment_id, cpu_millis=job.spec.cpu_millis, memory_mb=job.spec.memory_mb
+                        job.assignment_id,
+                        cpu_millis=job.spec.cpu_millis,
+                        memory_mb=job.spec.memory_mb,
+                        units=job.units,
                     )
                     to_start.append(job)
             else:
@@ -195,7 +208,13 @@ class Admission:
             or self.memory_used_mb + job.spec.memory_mb > self.memory_capacity_mb
         ):
             return RefusalReason.NO_ROOM
+        if job.units and self.units_held() & {(name, unit) for name, ids in job.units for unit in ids}:
+            return RefusalReason.UNITS_HELD
         return None
+
+    def units_held(self) -> set[tuple[str, str]]:
+        """The device units (name, unit id) of the jobs running here."""
+        return {unit for reservation in self.running.values() for unit in reservation.units}
 
     def cancel(self, order: CancelOrder) -> CancelDecision:
         """Apply the Cancel rules to ``order``; every acknowledged id is remembered as cancelled.

@@ -24,6 +24,7 @@ from agent.job_results import JobResult, container_result
 from agent.runtimes import ContainerJob, owner_of
 from agent.supervised import SupervisedRun
 from runtime.jobs import ContainerRuntime
+from runtime.resources import GPU, env_name
 from runtime.settings.agent import AgentSettings
 
 PING_TIMEOUT_S = 2.0
@@ -126,6 +127,8 @@ def supervisor_argv(
         "user": job.user,
         "workdir": job.workdir,
         "oom_score_adj": job.oom_score_adj,
+        # The gpu units the assignment holds (agent/job_env.py): the container gets those alone.
+        "gpus": [u for u in job_env.get(env_name(GPU), "").split(",") if u],
     }
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return [sys.executable, "-I", "-c", container_supervisor.bootstrap(root), json.dumps(spec)]

@@ -256,6 +256,16 @@ class _Supervisor(deadman.Deadman):
         }
         if spec.get("oom_score_adj") is not None:
             options["oom_score_adj"] = int(spec["oom_score_adj"])  # the first the OOM killer takes
+        gpus = [str(u) for u in spec.get("gpus") or ()]
+        if gpus and self.offers_gpus():
+            # Those GPUs alone (docker run --gpus '"device=0,3"'); inside, CUDA numbers them from
+            # 0, so the host's CUDA_VISIBLE_DEVICES would name the wrong ones.
+            options["device_requests"] = [
+                docker.types.DeviceRequest(driver="nvidia", device_ids=gpus, capabilities=[["gpu"]])
+            ]
+            options["environment"] = {
+                k: v for k, v in options["environment"].items() if k != "CUDA_VISIBLE_DEVICES"
+            }
         try:
             try:
                 self.container = self.client.containers.create(spec["image"], **options)
@@ -284,6 +294,15 @@ class _Supervisor(deadman.Deadman):
             self.container.reload()
             self.pid = int(self.container.attrs["State"]["Pid"] or 0)
         return None
+
+    def offers_gpus(self) -> bool:
+        """Whether the engine can hand GPUs to a container: it knows the ``nvidia`` runtime (the
+        NVIDIA Container Toolkit). Else a job's gpu units reach it only as environment
+        variables, and it runs all the same."""
+        try:
+            return "nvidia" in (self.client.info().get("Runtimes") or {})
+        except Exception:
+            return False
 
     def supervise(self) -> int:
         """Run until the container has ended (or the engine is gone)."""

@@ -92,6 +92,8 @@ def to_pb(request: Registration | HeartbeatReport | Leave, message: type[M]) -> 
         k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(request, recurse=False).items()
     }
     now = trio.current_time()
+    if isinstance(request, Registration):
+        fields["resources"] = [pb.ResourceUnits(name=n, units=list(u)) for n, u in request.resources]
     return message(**fields | {"finished": [outcome_to_pb(o, now=now) for o in request.finished]})
 
 

@@ -23,6 +23,7 @@ from agent.starts import Spawner, StartLimiter
 from runtime import identifiers, log
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument, PermanentError
+from runtime.resources import check_offered
 from runtime.routes import home_index
 from runtime.settings.agent import AgentSettings, uid_range
 from runtime.tls import TlsFiles
@@ -31,7 +32,7 @@ REGISTRATION_STEP_S = 0.08
 """A fleet starts (and so registers) one worker this often at most, in seconds."""
 
 _REQUIRED = ("id", "port", "cpu_millis", "memory_mb", "work_dir")
-_OPTIONAL = ("advertise_address", "control_planes")
+_OPTIONAL = ("advertise_address", "control_planes", "resources")
 
 
 class FleetSpecError(InvalidArgument):
@@ -73,6 +74,9 @@ class FleetWorker:
     """host:port the leader should call; empty: the listen address."""
     control_planes: tuple[str, ...] = ()
     """Its own control-plane addresses; empty: the fleet's."""
+    resources: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
+    """The countable devices it offers, name -> unit ids (``"resources": {"gpu": ["0", "1"]}``;
+    fake units serve tests and chaos; docs/devices.md)."""
 
 
 def _leaves(error: BaseException) -> Iterator[BaseException]:
@@ -156,6 +160,15 @@ def parse_fleet_spec(
             raise bad("control_planes", control_planes, "must be a list of host:port strings")
         for place, address in enumerate(control_planes):
             parsed(identifiers.parse_address, address, f"control_planes[{place}]")
+        offered = item.get("resources", {})
+        if not isinstance(offered, Mapping) or not all(isinstance(u, list) for u in offered.values()):
+            raise bad(
+                "resources", offered, 'must be an object of name -> list of unit ids ({"gpu": ["0", "1"]})'
+            )
+        try:
+            resources = check_offered(offered)
+        except InvalidArgument as exc:
+            raise FleetSpecError(source, entry, exc.field, exc.value, exc.rule) from None
 
         seen_ids[worker_id] = index
         if port:
@@ -170,6 +183,7 @@ def parse_fleet_spec(
                 work_dir=resolved,
                 advertise_address=advertise,
                 control_planes=tuple(control_planes),
+                resources=resources,
             )
         )
     return workers
@@ -205,6 +219,7 @@ def fleet_settings(
     control_planes: Sequence[str],
     listen_host: str = "127.0.0.1",
     cert_dir: Path | None = None,
+    resources: dict[str, tuple[str, ...]] | None = None,
     **options: Any,
 ) -> list[AgentSettings]:
     """One :class:`AgentSettings` per worker.
@@ -213,6 +228,8 @@ def fleet_settings(
         control_planes: the fleet's control-plane addresses (a worker's own list wins).
         cert_dir: the folder of ``ca.crt`` and each worker's ``<id>.crt`` and ``<id>.key``
             (:class:`runtime.tls.TlsFiles`); None: plaintext (``--insecure``).
+        resources: the devices every worker offers, name -> unit ids, but those whose spec
+            names its own (``stockade fleet --resource``; docs/devices.md).
         options: further :class:`AgentSettings` fields shared by all.
 
     A ``job_uids`` range in ``options`` is split evenly among the workers, in their order
@@ -242,6 +259,7 @@ def fleet_settings(
                 advertise_address=worker.advertise_address,
                 tls=None if cert_dir is None else TlsFiles.in_dir(cert_dir, worker.worker_id),
                 job_uids=uids,
+                resources=dict(worker.resources or resources or {}),
                 **options,
             )
         )

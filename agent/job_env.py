@@ -6,6 +6,7 @@ these can be overridden.
 from __future__ import annotations
 
 from agent.messages import JobOrder
+from runtime.resources import GPU, env_name
 
 JOB_ID = "STOCKADE_JOB_ID"
 """The job's id (a task of an array: the task's own id)."""
@@ -17,13 +18,22 @@ ARRAY_INDEX = "STOCKADE_ARRAY_INDEX"
 """A task of an array: its index (``--array 1-100``: 1 to 100). Unset for other jobs."""
 WORKER_ID = "STOCKADE_WORKER_ID"
 """The worker's id (container jobs)."""
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+"""A job holding gpu units: their ids, comma-separated, as CUDA reads them (NVIDIA's CUDA
+C++ Programming Guide, "CUDA Environment Variables"). Unset for other jobs."""
 
 
 def job_environment(order: JobOrder) -> dict[str, str]:
-    """The variables of ``order``'s job: :data:`JOB_ID` and :data:`ASSIGNMENT_ID`, and for a
-    task of an array :data:`ARRAY_ID` and :data:`ARRAY_INDEX`."""
+    """The variables of ``order``'s job: :data:`JOB_ID` and :data:`ASSIGNMENT_ID`, for a task of
+    an array :data:`ARRAY_ID` and :data:`ARRAY_INDEX`, and for each device it holds
+    ``STOCKADE_RESOURCE_<NAME>`` (:func:`runtime.resources.env_name`) with its unit ids,
+    comma-separated (``0,3``), and for gpu :data:`CUDA_VISIBLE_DEVICES` too (docs/devices.md)."""
     env = {JOB_ID: str(order.job_id), ASSIGNMENT_ID: str(order.assignment_id)}
     if order.array_index is not None:
         env[ARRAY_INDEX] = str(order.array_index)
         env[ARRAY_ID] = str(order.array_id or order.job_id)
+    for name, units in order.units:
+        env[env_name(name)] = ",".join(units)
+        if name == GPU:
+            env[CUDA_VISIBLE_DEVICES] = ",".join(units)
     return env

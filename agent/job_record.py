@@ -57,6 +57,9 @@ class JobRecord:
     job_uid: int | None = None
     """The uid (and gid) the job runs as, from its worker's pool (:mod:`agent.identities`); a
     restarted agent holds it while the job runs. None: the agent's shared job user or its own."""
+    units: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """The device units its assignment holds, (name, unit ids) pairs: a restarted agent holds
+    them while the job runs (docs/devices.md)."""
 
     def order(self) -> JobOrder:
         """The job as the agent's own structures hold it (its spec has what the record keeps)."""
@@ -70,6 +73,7 @@ class JobRecord:
                 runtime=self.runtime,
                 timeout_s=self.timeout_s,
             ),
+            units=self.units,
         )
 
     def to_json(self) -> str:
@@ -110,7 +114,8 @@ class JobRecord:
                 runtime = ContainerRuntime(image=str(raw["image"]), argv=tuple(str(a) for a in raw["argv"]))
             else:
                 raise ValueError(f"unknown runtime {kind!r}")
-            return cls(runtime=runtime, **data)
+            units = tuple((str(name), tuple(str(u) for u in ids)) for name, ids in data.pop("units", ()))
+            return cls(runtime=runtime, units=units, **data)
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
             raise ValueError(f"not a job record: {exc}") from exc
 

@@ -83,6 +83,7 @@ class JobLog:
         not_before_s: float | None = None,
         started: bool = True,
         left: bool = False,
+        units: tuple[tuple[str, tuple[str, ...]], ...] = (),
         on_written: Callable[[float], None] | None = None,
     ) -> float | None:
         """Append one line and flush it, dated by the database's clock; while that clock is not
@@ -95,6 +96,9 @@ class JobLog:
                 preemption's), in milliseconds; None: none (the line has no such key).
             started: on a stop line, whether the job really ran.
             left: on a leave line, whether a control plane recorded the worker as left.
+            units: on a start line, the device units the job holds, (name, unit ids) pairs:
+                written as ``"units": {"gpu": ["0", "3"]}`` (none: no such key), so the checker
+                can tell that no unit was held by two running jobs (docs/devices.md).
             on_written: called with the line's ``time`` once it is written.
 
         Returns:
@@ -124,6 +128,8 @@ class JobLog:
                 record["grace_ms"] = grace_ms
         if event is LogEvent.LEAVE:
             record["left"] = left
+        if units:
+            record["units"] = {name: list(ids) for name, ids in units}
         line = _Line(
             record=record,
             at=trio.current_time() if at is None else at,

@@ -25,6 +25,7 @@ from agent.cgroups import resource_settings
 from agent.container import container_settings
 from agent.control_plane import ControlPlane, GrpcControlPlane
 from agent.core import Agent
+from agent.devices import device_settings
 from agent.fence import FENCE_DEADLINE_FILE
 from agent.identities import JobIdentities
 from agent.logs import LogReader
@@ -115,6 +116,7 @@ async def run_agent(
             work_dir = await trio.to_thread.run_sync(Path(settings.work_dir).resolve)
             await identities.sweep_at_start(work_dir / "jobs", gather=False)
         settings = await container_settings(settings, logger)
+        settings = await device_settings(settings, logger)
         settings, resources = await resource_settings(settings, logger, keep=live)
     except BaseException:
         if identities is not None:

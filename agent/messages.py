@@ -36,6 +36,9 @@ class RefusalReason(StrEnum):
     """No runtime, zero cpu_millis or memory_mb, or a command with an empty argv."""
     NO_ROOM = "no_room"
     """Starting it would exceed the worker's capacity."""
+    UNITS_HELD = "units_held"
+    """A device unit it holds is held by a job running here (docs/devices.md): refused, never
+    given to two jobs at once."""
 
 
 class JobState(StrEnum):
@@ -92,6 +95,9 @@ class JobOrder:
     placed_before: bool = False
     """The job was placed before (moved, stopped or retried): its start pulls the next heartbeat
     forward."""
+    units: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """The device units the assignment holds on this worker: (name, unit ids) pairs, given to
+    the job alone (docs/devices.md)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -186,6 +192,8 @@ class Registration:
     """A restarted agent's ask to continue this incarnation (0: a new one)."""
     held_assignment_ids: tuple[int, ...] = ()
     """With ``resume_incarnation``: the assignments of it whose jobs this agent runs."""
+    resources: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """The countable devices this worker offers: (name, unit ids) pairs (docs/devices.md)."""
 
 
 @attrs.frozen(kw_only=True)

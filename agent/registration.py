@@ -59,6 +59,7 @@ class Registering(SelfFencing):
             cpu_millis=self.settings.cpu_millis,
             memory_mb=self.settings.memory_mb,
             labels=dict(self.settings.labels),
+            resources=tuple(sorted(self.settings.resources.items())),
             finished=finished,
             agent_run_id=self._run_id,
             registration_seq=self._registrations,

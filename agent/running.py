@@ -225,7 +225,7 @@ class RunningJobs:
         try:
             # Written just before the job begins, with no checkpoint in between (the checker
             # relies on it), and never for a job that was stopped first.
-            job.start_line_s = self._write_job_line(LogEvent.START, job)
+            job.start_line_s = self._write_job_line(LogEvent.START, job, units=order.units)
         except OSError as exc:
             self._fail_unstarted(
                 job, f"not started: cannot write the start line to {self.joblog.path}: {exc}"
@@ -257,6 +257,7 @@ class RunningJobs:
                 start_line_s=job.start_line_s,
                 began_monotonic_s=monotonic_of(job.started_at),
                 job_uid=job.job_uid,
+                units=order.units,
             ),
         )
         options = runner_options(
@@ -436,7 +437,9 @@ class RunningJobs:
         job = Job.taken_over(record, found.job_dir)
         if record.job_uid is not None and self.identities is not None:
             self.identities.hold(record.job_uid)
-        self.admission.reserve(record.assignment_id, cpu_millis=record.cpu_millis, memory_mb=record.memory_mb)
+        self.admission.reserve(
+            record.assignment_id, cpu_millis=record.cpu_millis, memory_mb=record.memory_mb, units=record.units
+        )
         self._put(job)
         return job
 

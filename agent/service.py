@@ -30,6 +30,7 @@ def job_order_from_pb(assignment: pb.Assignment) -> JobOrder:
         array_index=assignment.array_index if assignment.has_array_index else None,
         array_id=assignment.array_id or None if assignment.has_array_index else None,
         placed_before=assignment.placed_before,
+        units=tuple((u.name, tuple(u.units)) for u in assignment.units),
     )
 
 

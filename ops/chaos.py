@@ -21,10 +21,13 @@ import trio
 from ops import certs as certs_module
 from ops import checker, faults
 from ops.chaosresult import (
+    CHAOS_GPUS_PER_WORKER,
     CHAOS_PREEMPT_COOLDOWN_S,
     CHAOS_PREEMPT_GRACE_S,
     CHAOS_SCHEDULE_DEADLINE_S,
     CHAOS_SCHEDULE_NAME,
+    DEVICE_JOB_DURATION_S,
+    DEVICE_JOB_GPUS,
     FAILING_MAX_ATTEMPTS,
     HIGH_PRIORITY,
     HIGH_PRIORITY_EVERY,
@@ -121,55 +124,65 @@ class Harness:
         s = self.settings
         addresses = self.cluster.config().control_plane_addresses
         client = ControlPlaneClient(addresses, timeout_s=1.0, tls=self.cluster.config().client_tls)
+        finished = trio.Event()
         try:
-            with recording_aborts(self.result.errors):
-                await self._add_schedule(client)
-                async with trio.open_nursery() as nursery:
-                    stop_submitting = trio.Event()
-                    nursery.start_soon(self._submit, addresses, stop_submitting)
-                    kill_worker_at = self._spread(s.worker_kills)
-                    restart_worker_at = self._spread(s.worker_restarts, offset=1)
-                    partition_at = self._spread(s.partitions)
-                    mass_partition_at = self._spread(s.mass_partitions, offset=1)
-                    db_restart_at = self._spread(s.db_restarts, offset=2)
-                    db_failover_at = self._spread(s.db_failovers, offset=2)
-                    freezes = 0
-                    for i in range(self._steps()):
-                        if i >= s.failovers:
-                            await trio.sleep(1.0)  # a step with no failover: faults only
-                        elif i % 2 == 0:
-                            await self.kill_leader(client)
-                        else:
-                            freezes += 1
-                            in_tx = s.mid_transaction_every > 0 and freezes % s.mid_transaction_every == 2
-                            await self.freeze_leader(client, in_transaction=in_tx)
-                        if i in kill_worker_at:
-                            await self.kill_worker(client)
-                        if i in restart_worker_at:
-                            await self.restart_worker(client)
-                        if i in partition_at:
-                            nursery.start_soon(self.partition_worker)
-                        if i in mass_partition_at:
-                            await self.partition_every_worker()
-                        if i in db_restart_at:
-                            await self.restart_database(
-                                client, how=("fast", "kill")[len(self.result.db_outages) % 2]
-                            )
-                        if i in db_failover_at:
-                            await self.fail_over_database(client)
-                        self.progress(self._line(i + 1))
-                        await trio.sleep(s.settle_s)
-                    if s.partitions or s.mass_partitions:
-                        # Keep the jobs coming until every partition healed and its worker had
-                        # time to register again and get work.
-                        while any(link.cut for link in self._links.values()):  # noqa: ASYNC110
-                            await trio.sleep(0.1)
-                        await trio.sleep(3.0)
-                    stop_submitting.set()
-                await self._pause_schedule(client)
-                await self._wait_finished(client)
+            async with trio.open_nursery() as sampling:
+                if s.devices:
+                    sampling.start_soon(self._sample_devices, client, finished)
+                await self._inject_then_wait(client, addresses)
+                finished.set()
         finally:
             client.close()
+
+    async def _inject_then_wait(self, client: ControlPlaneClient, addresses: Sequence[str]) -> None:
+        """:meth:`_inject_and_wait`'s injections and wait, on ``client``."""
+        s = self.settings
+        with recording_aborts(self.result.errors):
+            await self._add_schedule(client)
+            async with trio.open_nursery() as nursery:
+                stop_submitting = trio.Event()
+                nursery.start_soon(self._submit, addresses, stop_submitting)
+                kill_worker_at = self._spread(s.worker_kills)
+                restart_worker_at = self._spread(s.worker_restarts, offset=1)
+                partition_at = self._spread(s.partitions)
+                mass_partition_at = self._spread(s.mass_partitions, offset=1)
+                db_restart_at = self._spread(s.db_restarts, offset=2)
+                db_failover_at = self._spread(s.db_failovers, offset=2)
+                freezes = 0
+                for i in range(self._steps()):
+                    if i >= s.failovers:
+                        await trio.sleep(1.0)  # a step with no failover: faults only
+                    elif i % 2 == 0:
+                        await self.kill_leader(client)
+                    else:
+                        freezes += 1
+                        in_tx = s.mid_transaction_every > 0 and freezes % s.mid_transaction_every == 2
+                        await self.freeze_leader(client, in_transaction=in_tx)
+                    if i in kill_worker_at:
+                        await self.kill_worker(client)
+                    if i in restart_worker_at:
+                        await self.restart_worker(client)
+                    if i in partition_at:
+                        nursery.start_soon(self.partition_worker)
+                    if i in mass_partition_at:
+                        await self.partition_every_worker()
+                    if i in db_restart_at:
+                        await self.restart_database(
+                            client, how=("fast", "kill")[len(self.result.db_outages) % 2]
+                        )
+                    if i in db_failover_at:
+                        await self.fail_over_database(client)
+                    self.progress(self._line(i + 1))
+                    await trio.sleep(s.settle_s)
+                if s.partitions or s.mass_partitions:
+                    # Keep the jobs coming until every partition healed and its worker had
+                    # time to register again and get work.
+                    while any(link.cut for link in self._links.values()):  # noqa: ASYNC110
+                        await trio.sleep(0.1)
+                    await trio.sleep(3.0)
+                stop_submitting.set()
+            await self._pause_schedule(client)
+            await self._wait_finished(client)
 
     def _line(self, done: int) -> str:
         last = self.result.failovers[-1] if self.result.failovers else None
@@ -201,6 +214,9 @@ class Harness:
                 "--preempt-cooldown-s",
                 str(CHAOS_PREEMPT_COOLDOWN_S),
             )
+        if self.settings.devices and isinstance(self.cluster, LocalCluster | DockerCluster):
+            units = ",".join(str(k) for k in range(CHAOS_GPUS_PER_WORKER))
+            self.cluster.agent_args = (*self.cluster.agent_args, "--resource", f"gpu={units}")
         self.cluster.up(control_planes=self.settings.control_planes, workers=self.settings.workers)
         self._issue_accounts()
 
@@ -413,6 +429,10 @@ class Harness:
                 cpu_millis=self._rng.choice([1000, 2000, 4000] if s.preemption else [100, 250, 500, 1000]),
                 memory_mb=self._rng.choice([64, 128, 256, 512]),
             )
+            if s.devices and self._rng.random() < s.device_share:
+                # A device job: 1 to 4 of a worker's 8 fake gpu, running longer.
+                spec.resources = [pb.ResourceCount(name="gpu", count=self._rng.randint(*DEVICE_JOB_GPUS))]
+                duration_s = self._rng.uniform(*DEVICE_JOB_DURATION_S)
             if s.preemption and (self._submitted + 1) % HIGH_PRIORITY_EVERY == 0:
                 spec.cpu_millis, spec.priority = 4000, HIGH_PRIORITY
             client = clients[self._submitted % len(clients)]
@@ -471,6 +491,23 @@ class Harness:
             except StockadeError:
                 await trio.sleep(0.5)  # no replica answered (one may be frozen): again
         raise FaultError("the chaos schedule could not be paused")
+    async def _sample_devices(self, client: ControlPlaneClient, stop: trio.Event) -> None:
+        """Every half second until ``stop`` (every job finished): the gpu in use and offered by the
+        alive workers and the pending jobs, from the status (a sample the status call misses is
+        skipped)."""
+        while not stop.is_set():
+            with contextlib.suppress(StockadeError):
+                status = await client.call("status", pb.StatusRequest())
+                used = offered = 0
+                for worker in status.workers:
+                    if worker.state != "alive":
+                        continue
+                    offered += sum(len(r.units) for r in worker.resources if r.name == "gpu")
+                    used += sum(len(r.units) for r in worker.resources_in_use if r.name == "gpu")
+                pending = sum(c.count for c in status.jobs if c.state == "pending")
+                self.result.device_samples.append((used, offered, pending))
+            with trio.move_on_after(0.5):
+                await stop.wait()
 
     async def _wait_finished(self, client: ControlPlaneClient) -> None:
         self.progress("injections done; waiting for every job to finish")

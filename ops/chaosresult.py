@@ -27,6 +27,15 @@ PREEMPTION_JOB_DURATION_S = (2.0, 6.0)
 """With ``preemption``, the jobs' durations (uniform, seconds) and sizes of 1,000, 2,000 or 4,000
 cpu_millis: about 1.4 times what the 10 workers of a chaos run hold at 12 jobs/s, so the
 cluster is full and a backlog builds."""
+CHAOS_GPUS_PER_WORKER = 8
+"""With ``devices``, the fake gpu units each worker of a chaos run offers (``--resource gpu=0,...,7``)."""
+DEVICE_JOB_GPUS = (1, 4)
+"""With ``devices``, the gpu a device job asks: uniform, inclusive."""
+DEVICE_JOB_DURATION_S = (3.0, 9.0)
+"""With ``devices``, a device job's duration (uniform, seconds): at 12 jobs/s, a share of 0.75 of
+them asking 2.5 gpu for 6 s on average want about 135 of the 80 gpu of 10 workers, so the gpu
+stay busy and a device backlog builds (what the device use while jobs wait is measured on); a
+unit idles between two jobs for a heartbeat and a round, a smaller share of a longer job."""
 FAILING_MAX_ATTEMPTS = 2
 """Runs of a job a chaos run makes to fail (:attr:`ChaosSettings.failing_share`): one retry."""
 
@@ -100,6 +109,12 @@ class ChaosSettings:
     """Run the control planes with preemption on (``--preemption``, a grace of
     :data:`CHAOS_PREEMPT_GRACE_S`, a cooldown of :data:`CHAOS_PREEMPT_COOLDOWN_S`); every
     :data:`HIGH_PRIORITY_EVERY`-th job then asks a whole worker at priority 10."""
+    devices: bool = True
+    """Give every worker :data:`CHAOS_GPUS_PER_WORKER` fake gpu units and make ``device_share``
+    of the jobs ask 1 to 4 of them (docs/devices.md); the checker then also checks that no unit
+    was held by two jobs at once."""
+    device_share: float = 0.75
+    """With ``devices``: the share of jobs (0 to 1) that ask gpu."""
 
 
 @attrs.define
@@ -145,6 +160,16 @@ class ChaosResult:
     """Jobs submitted to fail (:attr:`ChaosSettings.failing_share`): each must end failed."""
     duration_s: float = 0.0
     errors: list[str] = attrs.field(factory=list)
+    device_samples: list[tuple[int, int, int]] = attrs.field(factory=list)
+    """With devices: (gpu in use, gpu offered by alive workers, pending jobs) read from the
+    status every half second from the first submission until every job finished."""
+
+    @property
+    def device_use_while_waiting(self) -> float | None:
+        """The mean share of the gpu in use over the samples taken while jobs were pending (and
+        gpu offered); None without such a sample."""
+        shares = [used / offered for used, offered, pending in self.device_samples if pending and offered]
+        return sum(shares) / len(shares) if shares else None
 
     def _times(self, *kinds: str) -> list[float]:
         return [f.seconds for f in self.failovers if f.kind in kinds]
@@ -189,6 +214,8 @@ class ChaosResult:
                 "schedule_slots_fired",
                 "schedule_slots_skipped",
                 "schedule_slot_errors",
+                "shared_units",
+                "device_assignments",
             )
         }
         recoveries = self.placement_recoveries_s
@@ -221,6 +248,7 @@ class ChaosResult:
             "db_promotion_to_placement_max_s": _max(self.failover_placements_s),
             "db_kill_to_placement_p50_s": _p50(self.failover_outages_s),
             "db_kill_to_placement_max_s": _max(self.failover_outages_s),
+            "device_use_while_waiting": _round(self.device_use_while_waiting),
             "duration_s": round(self.duration_s, 1),
             "unfinished_job_ids": list(report.unfinished_job_ids) if report is not None else [],
             "details": self.details,
@@ -232,6 +260,32 @@ class ChaosResult:
         return self.report is not None and self.report.ok and not self.errors
 
 
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _device_rows(result: ChaosResult) -> list[VerdictRow]:
+    """The device rows of the table (none for a run without devices): how many assignments held
+    units, and the gpu use while jobs waited, judged against the issue's 0.9."""
+    if not result.device_samples:
+        return []
+    use = result.device_use_while_waiting
+    assignments = result.report.device_assignments if result.report is not None else 0
+    return [
+        ("device_assignments (held gpu units)", str(assignments), None),
+        (
+            "device_use_while_waiting (gpu in use / offered)",
+            "-" if use is None else f"{use:.2f}",
+            None if use is None else use >= DEVICE_USE_TARGET,
+        ),
+    ]
+
+
+DEVICE_USE_TARGET = 0.9
+"""The share of the gpu in use while jobs wait that a chaos run with devices should reach
+(issue 33's target)."""
+
+
 def chaos_table(result: ChaosResult) -> Group:
     """The run for the terminal: the failovers, the checker's verdicts, the failover times,
     worker kills and partitions, then the first 20 details."""
@@ -241,6 +295,7 @@ def chaos_table(result: ChaosResult) -> Group:
     rows: list[VerdictRow] = [
         ("failovers (killed, frozen)", f"{len(kills)}, {len(freezes)}", None),
         *(checker.report_rows(result.report) if result.report is not None else []),
+        *_device_rows(result),
         ("failover_kill_p50_s / max", _p50_max_text(kills), None),
         ("failover_freeze_p50_s / max", _p50_max_text(freezes), None),
         ("jobs_made_to_fail (retried once, must end failed)", str(result.jobs_made_to_fail), None),

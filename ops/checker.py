@@ -8,6 +8,7 @@ each count means: docs/design.md, "The checker: what it reads and what it counts
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -56,6 +57,8 @@ class AssignmentRecord:
     outcome: str | None = None
     """The outcome (succeeded, failed) the worker reported for it, also one reported after the
     assignment had been ended as lost (a late report); None if none."""
+    units: tuple[tuple[str, str], ...] = ()
+    """The device units (resource, unit id) it held on its worker (docs/devices.md)."""
 
     @property
     def success_recorded(self) -> bool:
@@ -144,6 +147,8 @@ class Run:
     ended_at: float
     stop_reason: str | None = None
     """The ``reason`` of its stop record; None when it has none."""
+    units: tuple[tuple[str, str], ...] = ()
+    """The device units (resource, unit id) its start record says it held (docs/devices.md)."""
 
 
 FAULT_KINDS = ("kill", "freeze", "partition", "db_outage", "db_failover", "mass_partition")
@@ -233,12 +238,18 @@ class CheckReport:
     finish_required: bool = True
     """Whether an unfinished job fails the check (the caller waited for every job); False: a look
     at a cluster that may still be running some, which reports them as running."""
+    shared_units: int = 0
+    """Device units held by two jobs at once on one worker: by two active assignments (from the
+    database) or by two running jobs (from the workers' logs) (docs/devices.md)."""
+    device_assignments: int = 0
+    """Assignments that held device units (counted, not judged)."""
 
     @property
     def ok(self) -> bool:
         return (
             self.double_placements == 0
             and self.double_runs == 0
+            and self.shared_units == 0
             and self.false_deaths == 0
             and self.lost_successes == 0
             and self.jobs_killed_by_outage == 0
@@ -285,6 +296,8 @@ class CheckReport:
             "schedule_slots_fired": self.schedule_slots_fired,
             "schedule_slots_skipped": self.schedule_slots_skipped,
             "schedule_slot_errors": self.schedule_slot_errors,
+            "shared_units": self.shared_units,
+            "device_assignments": self.device_assignments,
             "details": list(self.details),
             "ok": self.ok,
         }
@@ -303,6 +316,7 @@ def report_rows(report: CheckReport) -> list[VerdictRow]:
     return [
         ("double_placements (database)", str(report.double_placements), report.double_placements == 0),
         ("double_runs (workers' logs)", str(report.double_runs), report.double_runs == 0),
+        ("shared_units (database, workers' logs)", str(report.shared_units), report.shared_units == 0),
         ("jobs_submitted", str(report.jobs_submitted), None),
         ("jobs_finished", str(report.jobs_finished), finished),
         *unfinished,
@@ -399,6 +413,7 @@ def runs_from_records(records: Iterable[dict[str, Any]], faults: Sequence[FaultE
                     started_at=float(start["time"]),
                     ended_at=float(record["time"]),
                     stop_reason=record.get("reason"),
+                    units=_units(start),
                 )
             )
     for (worker_id, incarnation, assignment_id), starts in open_runs.items():
@@ -414,9 +429,17 @@ def runs_from_records(records: Iterable[dict[str, Any]], faults: Sequence[FaultE
                     assignment_id=assignment_id,
                     started_at=began,
                     ended_at=ended,
+                    units=_units(start),
                 )
             )
     return runs
+
+
+def _units(start: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The (resource, unit id) pairs a start record's ``units`` ({name: [ids]}) names."""
+    return tuple(
+        sorted((name, str(unit)) for name, ids in (start.get("units") or {}).items() for unit in ids)
+    )
 
 
 def kill_times(faults: Iterable[FaultEvent]) -> dict[str, list[float]]:
@@ -543,7 +566,7 @@ def check_logs(
 ASSIGNMENT_HISTORY = """
 SELECT id AS assignment_id, job_id, worker_id, worker_incarnation AS incarnation, epoch, state,
        end_reason, outcome, extract(epoch FROM created_at)::float8 AS created_at,
-       extract(epoch FROM ended_at)::float8 AS ended_at
+       extract(epoch FROM ended_at)::float8 AS ended_at, held_units(id) AS units
   FROM assignments ORDER BY id
 """
 DEATH_HISTORY = """
@@ -655,7 +678,10 @@ async def load_history(database_url: str) -> History:
     return History(
         schedules=tuple(ScheduleRecord(**dict(r)) for r in schedules),
         schedule_slots=tuple(SlotRecord(**dict(r)) for r in slots),
-        assignments=tuple(AssignmentRecord(**dict(r)) for r in rows),
+        assignments=tuple(
+            AssignmentRecord(**{**dict(r), "units": tuple((n, u) for n, u in json.loads(r["units"] or "[]"))})
+            for r in rows
+        ),
         deaths=tuple(DeathRecord(**dict(r)) for r in deaths),
         job_states={r["id"]: r["state"] for r in jobs},
         job_attempts={r["id"]: (r["failures"], r["max_attempts"]) for r in jobs},

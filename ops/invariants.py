@@ -227,6 +227,46 @@ def double_runs(runs: Iterable[Run], preempted: Mapping[int, float] | None = Non
     return found
 
 
+def shared_units(
+    assignments: Iterable[AssignmentRecord], runs: Iterable[Run], preempted: Mapping[int, float] | None = None
+) -> dict[str, str]:
+    """Device units held by two jobs at once on one worker, with why (docs/devices.md): two
+    assignments of different jobs, both active at once (from the database), or two runs of
+    different jobs at overlapping times (from the workers' logs, across the agent's restarts),
+    holding one (worker, resource, unit). Keyed by the unit, ``w-1 gpu 3``. A preempted run ends
+    at the latest when the database ended its assignment, as in :func:`double_runs`."""
+    found: dict[str, str] = {}
+    held: dict[tuple[str, str, str], list[tuple[float, float, int, str]]] = defaultdict(list)
+    for a in assignments:
+        end = math.inf if a.ended_at is None else a.ended_at
+        for name, unit in a.units:
+            held[(a.worker_id, name, unit)].append(
+                (a.created_at, end, a.job_id, f"assignment {a.assignment_id}")
+            )
+    ran: dict[tuple[str, str, str], list[tuple[float, float, int, str]]] = defaultdict(list)
+    for run in runs:
+        if preempted and run.assignment_id in preempted:
+            run = attrs.evolve(run, ended_at=min(run.ended_at, preempted[run.assignment_id]))
+        for name, unit in run.units:
+            ran[(run.worker_id, name, unit)].append(
+                (run.started_at, run.ended_at, run.job_id, f"the run of assignment {run.assignment_id}")
+            )
+    for source, where in ((held, "active"), (ran, "running")):
+        for (worker_id, name, unit), spans in source.items():
+            spans.sort()
+            for i, (start, end, job_id, what) in enumerate(spans):
+                for other_start, other_end, other_job, other_what in spans[i + 1 :]:
+                    if other_start >= end:
+                        break
+                    if other_job != job_id and _overlap(start, end, other_start, other_end):
+                        found.setdefault(
+                            f"{worker_id} {name} {unit}",
+                            f"{worker_id} {name} {unit}: held by job {job_id} ({what}) and job "
+                            f"{other_job} ({other_what}), both {where} at the same time",
+                        )
+    return found
+
+
 def false_deaths(deaths: Iterable[DeathRecord], faults: Sequence[FaultEvent]) -> list[str]:
     """Declarations no fault explains: the worker was neither killed, frozen, cut off nor
     stopped cleanly from ``FAULT_SLACK_S`` before its last recorded heartbeat until it was
@@ -349,6 +389,7 @@ def check(
     placed_twice = double_placements(history.assignments)
     preempted = preempted_ends(history.assignments)
     ran_twice = double_runs(runs, preempted)
+    units_shared = shared_units(history.assignments, runs, preempted)
     wrongly_dead = false_deaths(history.deaths, faults)
     thrown_away = lost_successes(runs, history.assignments, faults, history.job_states)
     outage_kills = killed_by_outage(runs, faults)
@@ -360,6 +401,7 @@ def check(
     details = [
         *placed_twice.values(),
         *ran_twice.values(),
+        *units_shared.values(),
         *wrongly_dead,
         *thrown_away.values(),
         *outage_kills,
@@ -402,6 +444,8 @@ def check(
         schedule_slot_errors=len(slot_errors),
         unfinished_states=unfinished_states,
         finish_required=finish_required,
+        shared_units=len(units_shared),
+        device_assignments=sum(1 for a in history.assignments if a.units),
     )
 
 

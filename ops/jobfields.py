@@ -27,6 +27,7 @@ from runtime.jobs import (
     check_seconds,
     parse_array,
 )
+from runtime.resources import merge_asks
 from runtime.text import head_bytes
 
 STATUS_KEY = "status"
@@ -51,6 +52,7 @@ FIELDS: dict[str, str] = {
     "max_failed_tasks": "integer, with array: once this many tasks failed, cancel the rest, fail the array",
     "retry_on_exit": "list of exit codes 1-255: retry only failures that exit with one of these",
     "no_retry_on": "list of reasons (oom_killed, timeout, ...): fail at once when a run fails for one",
+    "resources": "table of integers: countable devices each run holds, e.g. {gpu = 2} (docs/devices.md)",
 }
 """Every field of a job, with what it holds (``stockade run --help`` lists them)."""
 
@@ -67,6 +69,7 @@ OPTIONS = {
     "max_failed_tasks": "--max-failed-tasks",
     "retry_on_exit": "--retry-on-exit",
     "no_retry_on": "--no-retry-on",
+    "resources": "--resource",
 }
 """``stockade submit``'s option of each lifecycle field, as its errors name it (the older fields'
 errors keep the spec's names, but ``--image`` and ``--sleep-s``)."""
@@ -271,6 +274,7 @@ def spec_of_options(options: Mapping[str, Any]) -> JobSpec:
             parse_constraint(text, field="--constraint") for text in options.get("constraints") or ()
         )
         fields["env"] = env_option("env", options.get("env") or ())
+        fields["resources"] = tuple(merge_asks(options.get("resources") or (), field="resources").items())
         fields["after"] = ids_option("after", options.get("after") or ())
         fields["max_failed_tasks"] = int_option("max_failed_tasks", options.get("max_failed_tasks"))
         fields["retry_on_exit"] = exit_codes_option("retry_on_exit", options.get("retry_on_exit") or ())
@@ -330,6 +334,12 @@ def _env(field: str, value: Any) -> tuple[tuple[str, str], ...]:
     return tuple((name, _text(f"{field}[{name}]", item)) for name, item in value.items())
 
 
+def _resources(field: str, value: Any) -> tuple[tuple[str, int], ...]:
+    if not isinstance(value, dict):
+        raise InvalidArgument(field, value, "must be a table of NAME = COUNT (e.g. gpu = 2)")
+    return tuple((name, _whole(f"{field}[{name}]", item)) for name, item in value.items())
+
+
 def _after(field: str, value: Any) -> tuple[int | str, ...]:
     """Job ids (whole numbers) and names of jobs of the same file (text), in the file's order."""
     items = value if isinstance(value, list) else [value]
@@ -377,6 +387,7 @@ _READERS: dict[str, Callable[[str, Any], Any]] = {
     "max_failed_tasks": _whole,
     "retry_on_exit": _exit_codes,
     "no_retry_on": _reasons,
+    "resources": _resources,
 }
 """How each field's value in a file is read (its type; the rules are the spec's)."""
 assert _READERS.keys() == FIELDS.keys()
@@ -449,6 +460,7 @@ def fields_of(spec: JobSpec) -> dict[str, Any]:
             "max_failed_tasks": spec.array.max_failed_tasks or None if spec.array is not None else None,
             "retry_on_exit": list(spec.retry_on_exit),
             "no_retry_on": list(spec.no_retry_on),
+            "resources": dict(spec.resources),
         }
     )
     return fields

@@ -21,6 +21,7 @@ import attrs
 from runtime.checks import check_int_between, check_text, utf8_bytes
 from runtime.constraints import Constraint, check_constraints
 from runtime.errors import InvalidArgument
+from runtime.resources import check_asked
 from runtime.validation import MAX_ID
 
 MAX_CPU_MILLIS = 1_000_000  # 1000 cores
@@ -311,6 +312,11 @@ def _env(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tuple[st
     return tuple(sorted((str(k), str(v)) for k, v in items))
 
 
+def _resources(value: Mapping[str, int] | Iterable[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    items = value.items() if isinstance(value, Mapping) else value
+    return tuple(sorted((str(k), v) for k, v in items if not (isinstance(v, int) and v == 0)))
+
+
 def check_env(env: Iterable[tuple[str, str]], *, field: str = "env") -> None:
     """Raises InvalidArgument (``env`` or ``env[NAME]``) for an environment that breaks a rule:
     more than :data:`MAX_ENV_VARS` names, a name that is empty, holds ``=`` or a NUL, is not of
@@ -402,6 +408,9 @@ class JobSpec:
     """Reasons (of :data:`FAILURE_REASONS`, each once) of a failed run that end the job failed
     at once (``oom_killed``, ``timeout``...). The rule runs in one place, ``schema.sql``'s
     ``retry_refusal``."""
+    resources: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_resources)
+    """Countable devices asked (docs/devices.md): (name, count) pairs sorted by name (a mapping
+    is taken too), e.g. ``(("gpu", 2),)``; each run gets that many whole units of one worker."""
 
     def check(self) -> JobSpec:
         """This spec, once it is found within every limit (fields in the order above).
@@ -461,6 +470,9 @@ class JobSpec:
             raise InvalidArgument("after_names", list(self.after_names), "must name each job once")
         if self.array is not None:
             self.array.check()
+        if len({name for name, _ in self.resources}) != len(self.resources):
+            raise InvalidArgument("resources", dict(self.resources), "must name each resource once")
+        check_asked(dict(self.resources))
         self._check_failure_policy()
 
     def _check_failure_policy(self) -> None:

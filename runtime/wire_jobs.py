@@ -48,6 +48,7 @@ def job_spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         retry_on_exit=[max(0, c) for c in spec.retry_on_exit],
         no_retry_on=list(spec.no_retry_on),
         after_names=list(spec.after_names),
+        resources=[pb.ResourceCount(name=name, count=count) for name, count in spec.resources],
     )
     if spec.array is not None:
         message.array = pb.JobArray(**attrs.asdict(spec.array))
@@ -100,6 +101,7 @@ def job_spec_from_pb(message: pb.JobSpec | None, *, strict: bool = True) -> JobS
         env=dict(message.env),
         workdir=message.workdir,
         after=tuple(message.after),
+        resources=[(r.name, r.count) for r in message.resources],
         array=None
         if message.array is None
         else ArrayRange(

@@ -305,6 +305,7 @@ class ConsoleApp:
             "cpu": views.bar(int(row["cpu_allocated_millis"]), int(row["cpu_millis"]), "m"),
             "memory": views.bar(int(row["memory_allocated_mb"]), int(row["memory_mb"]), "MiB"),
             "label_pairs": views.labels_of(row["labels"]),
+            "devices": views.devices_of(row.get("resources"), row.get("units_in_use")),
         }
 
     async def workers(self, request: Request) -> Part:

@@ -102,6 +102,17 @@ def labels_of(text: str | None) -> list[tuple[str, str]]:
     return sorted((str(k), str(v)) for k, v in value.items()) if isinstance(value, dict) else []
 
 
+def devices_of(offered: str | None, in_use: str | None) -> list[dict[str, Any]]:
+    """A worker's devices (``workers.resources`` as JSON text, and the units its active
+    assignments hold as JSON [[name, unit], ...]) as ``{name, offered, in_use}`` per resource,
+    sorted by name: ``offered`` a count, ``in_use`` the unit ids held (docs/devices.md)."""
+    held: dict[str, list[str]] = {}
+    for name, unit in json.loads(in_use) if in_use else ():
+        held.setdefault(str(name), []).append(str(unit))
+    units = json.loads(offered) if offered else {}
+    return [{"name": n, "offered": len(u), "in_use": held.get(n, [])} for n, u in sorted(units.items())]
+
+
 _UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _ANSI_SEQUENCE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 

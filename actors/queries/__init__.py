@@ -20,6 +20,7 @@ from actors.queries.jobs import (
     job_spec_of,
     job_spec_of_template,
     job_template,
+    resources_json,
 )
 from actors.queries.lease import *  # noqa: F403
 from actors.queries.ledger import *  # noqa: F403
@@ -37,4 +38,5 @@ __all__ = [
     "job_spec_of_template",
     "job_template",
     "once",
+    "resources_json",
 ]

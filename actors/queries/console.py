@@ -62,7 +62,11 @@ SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation, w.lab
        extract(epoch FROM w.unhealthy_probe_at - now())::float8 AS probe_in_s,
        coalesce(sum(a.cpu_millis), 0)::bigint AS cpu_allocated_millis,
        coalesce(sum(a.memory_mb), 0)::bigint AS memory_allocated_mb,
-       count(a.id)::bigint AS job_count
+       count(a.id)::bigint AS job_count,
+       CASE WHEN w.resources <> '{}'::jsonb THEN w.resources::text END AS resources,
+       CASE WHEN w.resources <> '{}'::jsonb THEN
+           (SELECT json_agg(json_build_array(u.resource, u.unit) ORDER BY u.resource, u.unit)::text
+              FROM assignment_units u WHERE u.worker_id = w.id AND u.active) END AS units_in_use
   FROM workers w
   LEFT JOIN assignments a ON a.worker_id = w.id AND a.state = 'active'
 """

@@ -16,8 +16,9 @@ from actors.queries.idempotent import once
 # max_failed_tasks (NULL: none), $23 its owner (the caller's account), $24 the one account
 # whose jobs it may name in after_ids (NULL: any; a user's own: another account's job is as no
 # job, so a dependency tells nothing of it), $25 its priority when held to the owner's
-# max_priority (NULL: the caller is not capped, an operator); then the audit's, the idempotency
-# key and the request's sha256 (see once). One job, or one row per task of an array:
+# max_priority (NULL: the caller is not capped, an operator), $26 the devices it asks (JSON
+# {name: count}; docs/devices.md); then the audit's, the idempotency key and the request's
+# sha256 (see once). One job, or one row per task of an array:
 # the first task's id is drawn first and is the array's id (array_id of every task). Its
 # dependencies are read in the statement's snapshot (schema.sql, dependency_states); it stores
 # nothing when one does not exist (its answer is then empty and no key is kept: the caller names
@@ -31,7 +32,7 @@ SUBMIT_JOB = once(
     """
 SELECT min(id) AS id, count(*) AS tasks FROM inserted HAVING count(*) > 0
 """,
-    params=25,
+    params=26,
     action="submit",
     steps="""deps AS (
     SELECT (SELECT count(*) FROM jobs d WHERE d.id = ANY($16::bigint[])
@@ -54,7 +55,7 @@ inserted AS (
     INSERT INTO jobs (id, name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
                       max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env,
                       workdir, after_ids, array_id, array_index, array_max_running, state, reason,
-                      pending_seq, owner, retry_on_exit, no_retry_on, array_max_failed)
+                      pending_seq, owner, retry_on_exit, no_retry_on, array_max_failed, resources)
     SELECT CASE WHEN t.k = 1 THEN f.id ELSE nextval('jobs_id_seq') END,
            $1::text, $2::int, $3::int, $4::int, $5::text, $6::bigint, $7::text[], $8::text,
            $9::int, $10::bigint, $11::boolean, $12::bigint, $13::jsonb, $14::jsonb, $15::text,
@@ -70,7 +71,7 @@ inserted AS (
                 THEN 'array limit: ' || $19::int || ' running'
                 ELSE '' END,
            nextval('pending_seq'), $23::text, $20::int[], $21::text[],
-           CASE WHEN $17::int IS NULL THEN NULL ELSE $22::int END
+           CASE WHEN $17::int IS NULL THEN NULL ELSE $22::int END, $26::jsonb
       FROM first f, deps, tasks t
      ORDER BY t.k
  RETURNING id
@@ -86,8 +87,9 @@ inserted AS (
 # their positions in the batch, from 1), $24 each job's place in the order of storing (from 1:
 # each after those it waits for; runtime.validation.pipeline_order); $25 their owner (the
 # caller's account), $26 the one account whose jobs they may name (as SUBMIT_JOB's $24), $27
-# their highest priority when held to the owner's max_priority (as SUBMIT_JOB's $25); then the
-# audit's, the idempotency key and the request's sha256 (see once). One statement: all jobs or
+# their highest priority when held to the owner's max_priority (as SUBMIT_JOB's $25), $28 the
+# devices each asks (JSON {name: count}; as SUBMIT_JOB's $26); then the audit's, the idempotency
+# key and the request's sha256 (see once). One statement: all jobs or
 # none; none when a job names a dependency that does not exist. The ids of all rows (a job, or
 # each task of an array) are drawn first, then handed out in ascending order by the order of
 # storing (tasks by index), so a job's id is above those of the jobs of the batch it waits for
@@ -104,12 +106,12 @@ SELECT h.id, h.n, b.tasks FROM heads h JOIN batch b ON b.n = h.n
  WHERE h.id IN (SELECT id FROM inserted)
  ORDER BY h.n
 """,
-    params=27,
+    params=28,
     action="submit",
     steps="""batch AS (
     SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms, t.argv, t.image, t.max_attempts,
            t.backoff_ms, t.count_lost, t.timeout_ms, t.constraints, t.env, t.workdir, t.n,
-           t.array_first, t.array_last, t.array_max_running, t.array_max_failed, t.ord,
+           t.array_first, t.array_last, t.array_max_running, t.array_max_failed, t.ord, t.resources,
            ARRAY(SELECT jsonb_array_elements_text(t.after_ids::jsonb)::bigint) AS after,
            ARRAY(SELECT jsonb_array_elements_text(t.retry_on_exit_json::jsonb)::int) AS retry_on_exit,
            ARRAY(SELECT jsonb_array_elements_text(t.no_retry_on_json::jsonb)) AS no_retry_on,
@@ -118,12 +120,12 @@ SELECT h.id, h.n, b.tasks FROM heads h JOIN batch b ON b.n = h.n
       FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[], $6::bigint[], $7::text[],
                   $8::text[], $9::int[], $10::bigint[], $11::boolean[], $12::bigint[], $13::text[],
                   $14::text[], $15::text[], $16::text[], $17::text[], $18::text[], $19::int[],
-                  $20::int[], $21::int[], $22::int[], $23::text[], $24::int[])
+                  $20::int[], $21::int[], $22::int[], $23::text[], $24::int[], $28::text[])
            WITH ORDINALITY AS t(name, cpu, mem, prio, runtime, sleep_ms, argv, image, max_attempts,
                                 backoff_ms, count_lost, timeout_ms, constraints, env, workdir,
                                 after_ids, retry_on_exit_json, no_retry_on_json, array_first,
                                 array_last, array_max_running, array_max_failed, after_ns_json,
-                                ord, n)
+                                ord, resources, n)
 ),
 deps AS (
     SELECT b.n, (SELECT count(*) FROM jobs d WHERE d.id = ANY(b.after)
@@ -179,7 +181,7 @@ inserted AS (
                       max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env,
                       workdir, after_ids, array_id, array_index, array_max_running,
                       array_max_failed, state, reason, pending_seq, owner, retry_on_exit,
-                      no_retry_on)
+                      no_retry_on, resources)
     SELECT r.id, r.name, r.cpu, r.mem, r.prio, r.runtime, r.sleep_ms,
            CASE WHEN r.argv IS NULL THEN NULL
                 ELSE ARRAY(SELECT jsonb_array_elements_text(r.argv::jsonb)) END,
@@ -197,7 +199,7 @@ inserted AS (
                 WHEN coalesce(r.array_max_running, 0) > 0 AND r.pos > r.array_max_running
                 THEN 'array limit: ' || r.array_max_running || ' running'
                 ELSE '' END,
-           nextval('pending_seq'), $25::text, r.retry_on_exit, r.no_retry_on
+           nextval('pending_seq'), $25::text, r.retry_on_exit, r.no_retry_on, r.resources::jsonb
       FROM rows_ r
      CROSS JOIN LATERAL (
          SELECT ARRAY(SELECT u FROM unnest(r.unfinished || r.batch_after) AS u ORDER BY u) AS ids
@@ -308,7 +310,8 @@ SELECT count(*) FROM swept
 """
 
 # $1 id, $2 address, $3 cpu_millis, $4 memory_mb, $5 labels (json text), $6 agent run id, $7
-# registration number within that run, $8 the registration's sha256 (actors/idempotency.py).
+# registration number within that run, $8 the registration's sha256 (actors/idempotency.py), $9
+# the devices it offers (JSON {name: [unit, ...]}; docs/devices.md).
 # A registration is a new incarnation, alive, with a fresh heartbeat, and a send window that
 # starts again (nothing is addressed to the new incarnation yet: see schema.sql), unless it is
 # a copy of one already applied or older than the latest of its agent run (same run id, a
@@ -319,8 +322,8 @@ SELECT count(*) FROM swept
 # idempotency key, kept in the worker's row until the next registration replaces it.
 REGISTER_WORKER = """
 INSERT INTO workers (id, address, cpu_millis, memory_mb, labels, incarnation, agent_run_id,
-                     registration_seq, registration_sha256)
-VALUES ($1, $2, $3, $4, $5::jsonb, nextval('worker_incarnation_seq'), $6, $7, $8)
+                     registration_seq, registration_sha256, resources)
+VALUES ($1, $2, $3, $4, $5::jsonb, nextval('worker_incarnation_seq'), $6, $7, $8, $9::jsonb)
 ON CONFLICT (id) DO UPDATE
    SET address = EXCLUDED.address, cpu_millis = EXCLUDED.cpu_millis,
        memory_mb = EXCLUDED.memory_mb, labels = EXCLUDED.labels,
@@ -328,7 +331,7 @@ ON CONFLICT (id) DO UPDATE
        registered_at = now(), last_heartbeat_at = now(), dead_at = NULL, dead_epoch = NULL,
        left_at = NULL, hold_until = NULL,
        agent_run_id = EXCLUDED.agent_run_id, registration_seq = EXCLUDED.registration_seq,
-       registration_sha256 = EXCLUDED.registration_sha256
+       registration_sha256 = EXCLUDED.registration_sha256, resources = EXCLUDED.resources
  WHERE workers.agent_run_id <> EXCLUDED.agent_run_id
     OR workers.registration_seq < EXCLUDED.registration_seq
 RETURNING incarnation
@@ -381,7 +384,8 @@ SELECT incarnation, state, agent_run_id, registration_seq, registration_sha256 F
 
 # Restarts that keep their jobs (docs/design.md, "Restarts"): a registration that asks to
 # continue incarnation $9. Parameters as REGISTER_WORKER's ($1 id, $2 address, $3 cpu_millis, $4
-# memory_mb, $5 labels, $6 agent run id, $7 registration number, $8 sha256), then $9. The row
+# memory_mb, $5 labels, $6 agent run id, $7 registration number, $8 sha256), then $9, and $10
+# the devices it offers (as REGISTER_WORKER's $9). The row
 # takes the new agent run, address, capacity and labels, a fresh heartbeat and no restart
 # hold, keeping its incarnation, only if it is still alive in that incarnation (not declared
 # dead, not left, not registered again since) and this is not a copy of a registration already
@@ -393,7 +397,7 @@ CONTINUE_WORKER = """
 UPDATE workers
    SET address = $2, cpu_millis = $3, memory_mb = $4, labels = $5::jsonb,
        last_heartbeat_at = now(), hold_until = NULL,
-       agent_run_id = $6, registration_seq = $7, registration_sha256 = $8
+       agent_run_id = $6, registration_seq = $7, registration_sha256 = $8, resources = $10::jsonb
  WHERE id = $1 AND incarnation = $9 AND state = 'alive'
    AND (agent_run_id <> $6 OR registration_seq < $7)
 RETURNING incarnation

@@ -41,6 +41,8 @@ def _lifecycle(row: Mapping[str, Any]) -> dict[str, Any]:
         fields["workdir"] = row["workdir"]
     if "after_ids" in keys and row["after_ids"]:
         fields["after"] = tuple(int(i) for i in row["after_ids"])
+    if "resources" in keys and row["resources"]:
+        fields["resources"] = json.loads(row["resources"])
     if "array_max_running" in keys and row.get("array_first") is not None:
         fields["array"] = ArrayRange(
             first_index=int(row["array_first"]),
@@ -185,6 +187,11 @@ BATCH_COLUMNS = (
 """The columns of :data:`SUBMIT_JOBS`' parameters $1-$18, in order."""
 
 
+def resources_json(spec: JobSpec) -> str:
+    """The devices ``spec`` asks as ``jobs.resources`` stores them: JSON {name: count}."""
+    return json.dumps(dict(spec.resources))
+
+
 def job_column_arrays(specs: Sequence[JobSpec]) -> tuple[list[Any], ...]:
     """The columns of many specs as parameters $1-$24 of :data:`SUBMIT_JOBS`: one array per
     column, argv, after_ids, retry_on_exit and no_retry_on as JSON text (a ``text[]`` cannot
@@ -224,7 +231,8 @@ TEMPLATE_COLUMNS = (
     *("retry_on_exit", "no_retry_on"),
 )
 """The columns of a schedule's job template (``schedules.job``), those :data:`FIRE_SCHEDULE_SLOTS`
-inserts: a spec's but its dependencies and array (a schedule's job has neither)."""
+inserts: a spec's but its dependencies and array (a schedule's job has neither); with them, the
+devices it asks (``resources``)."""
 
 
 def job_template(spec: JobSpec) -> str:
@@ -240,6 +248,7 @@ def job_template(spec: JobSpec) -> str:
     template = {name: columns[name] for name in TEMPLATE_COLUMNS}
     template["constraints"] = json.loads(template["constraints"])
     template["env"] = json.loads(template["env"])
+    template["resources"] = dict(spec.resources)
     return json.dumps(template)
 
 
@@ -248,4 +257,5 @@ def job_spec_of_template(template: str | Mapping[str, Any]) -> JobSpec:
     row = dict(json.loads(template) if isinstance(template, str) else template)
     row["constraints"] = json.dumps(row.get("constraints") or [])
     row["env"] = json.dumps(row.get("env") or {})
+    row["resources"] = json.dumps(row.get("resources") or {})
     return job_spec_of(row)

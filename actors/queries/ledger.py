@@ -12,7 +12,12 @@ FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE"
 # One round's placements as one fenced statement: the fence, the claim, the assignments and
 # the pending reasons commit together in one round trip (the statement is its own transaction).
 # $1 job ids, $2 worker ids, $3 incarnations, $4 epoch, $5 fenced (always true but in the
-# test-only negative control), $6 job ids and $7 reasons to store on jobs left pending.
+# test-only negative control), $6 job ids and $7 reasons to store on jobs left pending, and the
+# device units the placements hold (docs/devices.md), one row per unit: $8 job ids, $9 resource
+# names, $10 unit ids. A unit goes in only with its job's assignment (``claimed``); the unique
+# index assignment_units_one_active_holder refuses, and rolls the whole statement back, a unit
+# another active assignment holds (the placer chose free ones: a backstop, as
+# assignments_one_active_per_job).
 #
 # The share lock on the lease row is taken before any row is written: every written row comes
 # from ``p`` or ``r``, which read ``allowed``, which reads ``fence``. Under READ COMMITTED a
@@ -72,6 +77,12 @@ claimed AS (
 created AS (
     INSERT INTO assignments (id, job_id, worker_id, worker_incarnation, cpu_millis, memory_mb, epoch)
     SELECT assignment_id, id, worker_id, incarnation, cpu_millis, memory_mb, $4 FROM claimed
+),
+held AS (
+    INSERT INTO assignment_units (assignment_id, worker_id, resource, unit)
+    SELECT c.assignment_id, c.worker_id, u.resource, u.unit
+      FROM unnest($8::bigint[], $9::text[], $10::text[]) AS u(job_id, resource, unit)
+      JOIN claimed c ON c.id = u.job_id
 ),
 reasons AS (
     -- Only pending jobs carry a reason; never a job this statement places.
@@ -424,18 +435,20 @@ fired AS MATERIALIZED (
 inserted AS (
     INSERT INTO jobs (id, name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
                       max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env,
-                      workdir, retry_on_exit, no_retry_on, owner)
+                      workdir, retry_on_exit, no_retry_on, resources, owner)
     SELECT f.job_id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_ms, j.argv,
            j.image, j.max_attempts, j.retry_backoff_ms, j.count_lost, j.timeout_ms,
            coalesce(j.constraints, '[]'), coalesce(j.env, '{}'), coalesce(j.workdir, ''),
-           coalesce(j.retry_on_exit, '{}'), coalesce(j.no_retry_on, '{}'), s.owner
+           coalesce(j.retry_on_exit, '{}'), coalesce(j.no_retry_on, '{}'),
+           coalesce(j.resources, '{}'), s.owner
       FROM fired f, s,
            jsonb_to_record(s.job) AS j(name text, cpu_millis integer, memory_mb integer,
                                        priority integer, runtime text, sleep_ms bigint,
                                        argv text[], image text, max_attempts integer,
                                        retry_backoff_ms bigint, count_lost boolean,
                                        timeout_ms bigint, constraints jsonb, env jsonb,
-                                       workdir text, retry_on_exit integer[], no_retry_on text[])
+                                       workdir text, retry_on_exit integer[], no_retry_on text[],
+                                       resources jsonb)
      ORDER BY f.slot_at
  RETURNING id
 ),

@@ -7,7 +7,7 @@ from __future__ import annotations
 LIVE_WORKERS = """
 SELECT id, address, incarnation, cpu_millis, memory_mb, cpu_allocated_millis, memory_allocated_mb,
        unconfirmed_assignments, confirmed_assignments, runs_containers, labels, cordoned, unhealthy,
-       probe_due, trial
+       probe_due, trial, resources, units_in_use
   FROM live_workers($1, $2)
 """
 
@@ -24,7 +24,8 @@ SELECT p.*, pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xmax,
                array_agg(reason) AS p_reason, array_agg(pending_xid) AS p_pending_xid,
                array_agg(pending_seq) AS p_pending_seq, array_agg(wait_s) AS p_wait_s,
                array_agg(container) AS p_container, array_agg(constraints) AS p_constraints,
-               array_agg(failed_on) AS p_failed_on, array_agg(owner) AS p_owner
+               array_agg(failed_on) AS p_failed_on, array_agg(owner) AS p_owner,
+               array_agg(resources) AS p_resources
           FROM (SELECT * FROM placeable_jobs ORDER BY priority DESC, id LIMIT $1) ps) p,
        (SELECT pg_current_snapshot() AS s) snap
 """
@@ -72,14 +73,16 @@ SELECT w.*, p.*, q.*, f.*, pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xm
                array_agg(w.confirmed_assignments) AS w_confirmed_assignments,
                array_agg(w.runs_containers) AS w_runs_containers, array_agg(w.labels) AS w_labels,
                array_agg(w.cordoned) AS w_cordoned, array_agg(w.unhealthy) AS w_unhealthy,
-               array_agg(w.probe_due) AS w_probe_due, array_agg(w.trial) AS w_trial
+               array_agg(w.probe_due) AS w_probe_due, array_agg(w.trial) AS w_trial,
+               array_agg(w.resources) AS w_resources, array_agg(w.units_in_use) AS w_units_in_use
           FROM live_workers($1, $6) w) w,
        (SELECT array_agg(id) AS p_id, array_agg(cpu_millis) AS p_cpu_millis,
                array_agg(memory_mb) AS p_memory_mb, array_agg(priority) AS p_priority,
                array_agg(reason) AS p_reason, array_agg(pending_xid) AS p_pending_xid,
                array_agg(pending_seq) AS p_pending_seq, array_agg(wait_s) AS p_wait_s,
                array_agg(container) AS p_container, array_agg(constraints) AS p_constraints,
-               array_agg(failed_on) AS p_failed_on, array_agg(owner) AS p_owner
+               array_agg(failed_on) AS p_failed_on, array_agg(owner) AS p_owner,
+               array_agg(resources) AS p_resources
           FROM ((SELECT * FROM placeable_jobs WHERE (pending_xid, pending_seq) > ($2, $3)
                   ORDER BY pending_xid, pending_seq LIMIT $4)
                 UNION ALL

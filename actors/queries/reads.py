@@ -12,6 +12,7 @@ SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_m
        j.constraints::text AS constraints, j.env::text AS env, j.workdir, j.after_ids, j.array_max_running,
        j.array_max_failed, j.retry_on_exit, j.no_retry_on,
        j.failures, j.array_id, j.array_index,
+       CASE WHEN j.resources = '{}'::jsonb THEN NULL ELSE j.resources::text END AS resources,
        extract(epoch FROM j.not_before)::float8 AS not_before_unix_s,
        j.state, j.reason, j.cancel_requested, j.attempts, j.exit_code,
        extract(epoch FROM j.submitted_at)::float8 AS submitted_unix_s,
@@ -207,7 +208,11 @@ SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation,
        coalesce(sum(a.cpu_millis), 0)::bigint AS cpu_allocated_millis,
        coalesce(sum(a.memory_mb), 0)::bigint AS memory_allocated_mb,
        coalesce(array_agg(a.job_id ORDER BY a.job_id) FILTER (WHERE a.id IS NOT NULL), '{}')
-           AS job_ids
+           AS job_ids,
+       CASE WHEN w.resources <> '{}'::jsonb THEN w.resources::text END AS resources,
+       CASE WHEN w.resources <> '{}'::jsonb THEN
+           (SELECT json_agg(json_build_array(u.resource, u.unit) ORDER BY u.resource, u.unit)::text
+              FROM assignment_units u WHERE u.worker_id = w.id AND u.active) END AS units_in_use
   FROM workers w
   LEFT JOIN assignments a ON a.worker_id = w.id AND a.state = 'active'
  GROUP BY w.id ORDER BY w.id

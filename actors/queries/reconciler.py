@@ -26,7 +26,8 @@ _ACTIVE_ON_LIVE_WORKERS = """
 SELECT a.id AS assignment_id, a.job_id, a.worker_id, a.worker_incarnation AS incarnation,
        a.epoch, w.address, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_ms, j.argv,
        j.image, j.timeout_ms, j.env::text AS env, j.workdir, j.array_index, j.array_id,
-       j.attempts > 1 AS placed_before, extract(epoch FROM now() - a.created_at)::float8 AS age_s
+       j.attempts > 1 AS placed_before, extract(epoch FROM now() - a.created_at)::float8 AS age_s,
+       held_units(a.id) AS units
   FROM assignments a
   JOIN workers w ON w.id = a.worker_id
   JOIN jobs j ON j.id = a.job_id

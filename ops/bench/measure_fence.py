@@ -152,7 +152,9 @@ async def place(conn: PgConnection, renewals: Renewals, count: int, batch: int) 
         ids = slices.pop(0)
         workers = [f"p-{1 + i % WORKERS}" for i in range(len(ids))]
         started = time.monotonic()
-        rows = await conn.fetch(queries.COMMIT_PLACEMENTS, ids, workers, [1] * len(ids), EPOCH, True, [], [])
+        rows = await conn.fetch(
+            queries.COMMIT_PLACEMENTS, ids, workers, [1] * len(ids), EPOCH, True, [], [], [], [], []
+        )
         hold_s = time.monotonic() - started
         assert len(rows) == len(ids) and rows[0]["epoch_seen"] == EPOCH
         return hold_s, bool(slices)

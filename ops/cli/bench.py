@@ -108,6 +108,15 @@ def bench_pack(
             "(fair share orders them).",
         ),
     ] = 1,
+    device_share: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="The share of the scale curve's pending jobs that ask 1 to 4 gpu of the simulated "
+            "workers, which then each offer 8 (e.g. 0.25; docs/devices.md); 0: no devices.",
+        ),
+    ] = 0.0,
     scale_pending: Annotated[
         str, typer.Option(help="The scale curve's pending-job counts, comma-separated.")
     ] = "1000,10000,100000",
@@ -187,6 +196,7 @@ def bench_pack(
         scale=scale or only_scale,
         only_scale=only_scale,
         scale_accounts=scale_accounts,
+        scale_device_share=device_share,
         scale_pending=counts["--scale-pending"],
         scale_workers=counts["--scale-workers"],
         arrival_rate_per_s=arrival_rate,

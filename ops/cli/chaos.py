@@ -125,6 +125,15 @@ def chaos(
             "proves each slot was recorded exactly once (0: none).",
         ),
     ] = 2,
+    devices: Annotated[
+        bool,
+        typer.Option(
+            "--devices/--no-devices",
+            help="Give every worker 8 fake gpu units and make three jobs in four ask 1 to 4 of them, "
+            "running 2 to 6 s; the checker also checks no unit was held by two jobs at once, and the "
+            "table shows the gpu use while jobs waited (docs/devices.md).",
+        ),
+    ] = True,
     docker: Annotated[
         bool,
         typer.Option(
@@ -191,6 +200,7 @@ def chaos(
         accounts=accounts,
         preemption=preemption,
         schedule_every_s=schedule_every_s,
+        devices=devices,
     )
     harness = Harness(settings=settings, cluster=cluster, progress=lambda line: err_console().print(line))
     try:

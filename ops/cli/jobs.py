@@ -137,6 +137,7 @@ def spec_of_submit_options(options: Mapping[str, Any]) -> JobSpec:
             "count_lost": options["count_lost"],
             "timeout_s": options["timeout_s"],
             "constraints": options["constraint"] or [],
+            "resources": options.get("resource") or [],
             "env": options["env"] or [],
             "workdir": options["workdir"],
             "after": options.get("after") or [],
@@ -221,6 +222,17 @@ def submit(
             metavar="EXPR",
             help="Run only on workers whose labels satisfy EXPR: key=value, key!=value, key "
             "(exists) or 'key in (a,b)'; repeatable, all must hold.",
+            show_default=False,
+        ),
+    ] = None,
+    resource: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--resource",
+            metavar="NAME=COUNT",
+            help="Countable devices each run holds, whole units of one worker, e.g. --resource gpu=2; "
+            "repeatable. The job gets their ids as STOCKADE_RESOURCE_<NAME> (and, for gpu, "
+            "CUDA_VISIBLE_DEVICES) (docs/devices.md).",
             show_default=False,
         ),
     ] = None,

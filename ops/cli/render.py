@@ -53,10 +53,12 @@ def status_json(status: ClusterStatus, metrics: dict[str, str] | None = None) ->
     ``workers`` ({id, state, cpu_millis, memory_mb, cpu_allocated_millis,
     memory_allocated_mb, jobs, cordoned, draining, drained, drain_deadline_unix_s (or null),
     labels (key -> value), unhealthy, unhealthy_reason and unhealthy_since_unix_s (null when
-    healthy)}), ``jobs`` (counts keyed by state, every state), ``unschedulable`` ({job_id,
-    reason}), ``heartbeat`` ({interval_s, dead_after_s, reason}; nulls when the control plane
-    did not say) and ``metrics`` (id of a local cluster's process or worker -> ``host:port`` of
-    its Prometheus /metrics; empty for a cluster that is not local).
+    healthy), resources and resources_in_use (name -> unit ids)}), ``devices`` (resource name ->
+    {in_use, offered}: the alive workers' units; docs/devices.md), ``jobs`` (counts keyed by
+    state, every state), ``unschedulable`` ({job_id, reason}), ``heartbeat`` ({interval_s,
+    dead_after_s, reason}; nulls when the control plane did not say) and ``metrics`` (id of a
+    local cluster's process or worker -> ``host:port`` of its Prometheus /metrics; empty for a
+    cluster that is not local).
     """
     return {
         "leader": status.leader,
@@ -81,9 +83,12 @@ def status_json(status: ClusterStatus, metrics: dict[str, str] | None = None) ->
                 "unhealthy": w.unhealthy,
                 "unhealthy_reason": w.unhealthy_reason or None,
                 "unhealthy_since_unix_s": w.unhealthy_since_unix_s,
+                "resources": {name: list(units) for name, units in w.resources},
+                "resources_in_use": {name: list(units) for name, units in w.resources_in_use},
             }
             for w in status.workers
         ],
+        "devices": devices_in_use(status),
         "jobs": dict(status.job_counts),
         "unschedulable": [{"job_id": j.job_id, "reason": j.reason or ""} for j in status.unschedulable],
         "heartbeat": {
@@ -93,6 +98,29 @@ def status_json(status: ClusterStatus, metrics: dict[str, str] | None = None) ->
         },
         "metrics": dict(metrics or {}),
     }
+
+
+def devices_in_use(status: ClusterStatus) -> dict[str, dict[str, int]]:
+    """Resource name -> ``{"in_use": n, "offered": m}``: the units of the alive workers, and
+    those of them their active assignments hold (docs/devices.md)."""
+    totals: dict[str, dict[str, int]] = {}
+    for w in status.workers:
+        if w.state != "alive":
+            continue
+        held = dict(w.resources_in_use)
+        for name, units in w.resources:
+            total = totals.setdefault(name, {"in_use": 0, "offered": 0})
+            total["offered"] += len(units)
+            total["in_use"] += len(held.get(name, ()))
+    return dict(sorted(totals.items()))
+
+
+def worker_devices(worker: Worker) -> str:
+    """A worker's devices in one cell: ``gpu 3/8`` (in use / offered) per resource; ``-`` for none."""
+    held = dict(worker.resources_in_use)
+    return (
+        ", ".join(f"{name} {len(held.get(name, ()))}/{len(units)}" for name, units in worker.resources) or "-"
+    )
 
 
 def worker_schedule(worker: Worker) -> str:
@@ -160,6 +188,7 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
         "cpu (millis)",
         "memory (MiB)",
         "labels",
+        *(("devices",) if any(w.resources for w in status.workers) else ()),
         "jobs",
         *(("metrics",) if metrics else ()),
     ):
@@ -178,6 +207,7 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
             _bar(w.cpu_allocated_millis, w.cpu_millis, ""),
             _bar(w.memory_allocated_mb, w.memory_mb, ""),
             Text(", ".join(f"{k}={v}" for k, v in w.labels) or "-"),
+            *((worker_devices(w),) if any(x.resources for x in status.workers) else ()),
             _job_ids(list(w.job_ids)),
             *((metrics.get(w.id, "-"),) if metrics else ()),
         )
@@ -193,6 +223,14 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
             unhealthy.add_row(w.id, at, Text(w.unhealthy_reason))
         parts.append(unhealthy)
 
+    devices = devices_in_use(status)
+    if devices:
+        parts.append(
+            Text(
+                "devices in use  "
+                + "  ".join(f"{name} {d['in_use']}/{d['offered']}" for name, d in devices.items())
+            )
+        )
     counts = dict(status.job_counts)
     parts.append(Text("jobs  " + "  ".join(f"{state} {count}" for state, count in counts.items())))
     if status.unschedulable:

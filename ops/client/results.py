@@ -249,6 +249,10 @@ class Worker:
     of 40; 3 of those jobs succeeded elsewhere), last: exit code 2``); empty when healthy."""
     unhealthy_since_unix_s: float | None = None
     """When it was marked (renewals after a failed probe keep it); None when healthy."""
+    resources: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """The countable devices it offers, (name, unit ids), sorted by name (docs/devices.md)."""
+    resources_in_use: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Those of its units its active assignments hold, (name, unit ids), sorted by name."""
 
 
 @attrs.frozen(kw_only=True)
@@ -506,7 +510,18 @@ def history_from_pb(message: pb.GetJobEventsReply) -> JobHistory:
 
 def worker_from_pb(message: pb.WorkerInfo) -> Worker:
     """A ``WorkerInfo`` message as a :class:`Worker`."""
-    return _from_pb(Worker, message, labels=tuple(sorted(message.labels.items())))
+    return _from_pb(
+        Worker,
+        message,
+        labels=tuple(sorted(message.labels.items())),
+        resources=_units(message.resources),
+        resources_in_use=_units(message.resources_in_use),
+    )
+
+
+def _units(held: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``ResourceUnits`` messages as (name, unit ids) pairs, sorted by name."""
+    return tuple(sorted((u.name, tuple(u.units)) for u in held))
 
 
 def status_from_pb(message: pb.StatusReply) -> ClusterStatus:

@@ -33,6 +33,7 @@ def job_spec(
     max_failed_tasks: int | None = None,
     retry_on_exit: Iterable[int] = (),
     no_retry_on: Iterable[str] = (),
+    resources: Mapping[str, int] | None = None,
 ) -> JobSpec:
     """A checked job spec from a job file's fields (None: the field's default).
 
@@ -61,6 +62,8 @@ def job_spec(
         retry_on_exit: exit codes (1-255) of failed runs that may be retried; another fails the
             job at once (default: any).
         no_retry_on: failure reasons (``timeout``, ``oom_killed``...) that fail the job at once.
+        resources: countable devices each run holds, name -> count (``{"gpu": 2}``: two whole
+            gpu units of one worker; docs/devices.md).
 
     Give exactly one runtime: ``sleep_s``, ``command``, or ``image`` (with an optional ``command``).
 
@@ -92,6 +95,7 @@ def job_spec(
         else array.max_failed_tasks or None,
         "retry_on_exit": list(retry_on_exit),
         "no_retry_on": list(no_retry_on),
+        "resources": None if resources is None else dict(resources),
     }
     from ops.jobfields import spec_of_table
 

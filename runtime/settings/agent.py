@@ -12,6 +12,7 @@ from runtime import identifiers
 from runtime.errors import InvalidArgument
 from runtime.jobs import MAX_CPU_MILLIS, MAX_MEMORY_MB
 from runtime.oom import DEFAULT_JOB_OOM_SCORE_ADJ, MIN_JOB_OOM_SCORE_ADJ, check_oom_score_adj
+from runtime.resources import check_offered
 from runtime.settings.fields import (
     advertise_address,
     an_id,
@@ -212,6 +213,13 @@ class AgentSettings:
     labels: dict[str, str] = attrs.field(factory=dict)
     """Sent with every registration (:func:`runtime.identifiers.check_labels`: Kubernetes'
     syntax for keys and values)."""
+    resources: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
+    """The countable devices this worker offers, name -> unit ids (``--resource gpu=0,1``;
+    :func:`runtime.resources.check_offered`), sent with every registration (docs/devices.md).
+    Without ``gpu`` here, the agent adds the GPUs ``nvidia-smi -L`` lists, where it exists
+    (``detect_gpus``)."""
+    detect_gpus: bool = True
+    """Whether the agent asks ``nvidia-smi -L`` for GPUs when ``resources`` names no gpu."""
     heartbeat_interval_s: float = attrs.field(default=0.25, validator=positive)
     """Time between heartbeats until the cluster tells another interval (in the replies to
     registrations and heartbeats; docs/design.md, "Heartbeat interval"), in seconds; the
@@ -360,6 +368,12 @@ class AgentSettings:
     @labels.validator
     def _labels(self, attribute: attrs.Attribute[dict[str, str]], value: dict[str, str]) -> None:
         identifiers.check_labels(value, field="labels")
+
+    @resources.validator
+    def _devices(
+        self, attribute: attrs.Attribute[dict[str, tuple[str, ...]]], value: dict[str, tuple[str, ...]]
+    ) -> None:
+        check_offered(value)
 
     @property
     def most_jobs_at_once(self) -> int:

@@ -65,7 +65,17 @@ class Cluster:
     async def place(self, job_id: int) -> int:
         """The placer's claim of one pending job on w-1; the assignment id."""
         rows = await self.admin.fetch(
-            queries.COMMIT_PLACEMENTS, [job_id], ["w-1"], [await self.worker()], EPOCH, True, [], []
+            queries.COMMIT_PLACEMENTS,
+            [job_id],
+            ["w-1"],
+            [await self.worker()],
+            EPOCH,
+            True,
+            [],
+            [],
+            [],
+            [],
+            [],
         )
         assert rows[0]["assignment_id"] is not None, f"job {job_id} was not pending"
         return int(rows[0]["assignment_id"])

@@ -128,7 +128,7 @@ class Drains(Cluster):
         """The placer's claim (COMMIT_PLACEMENTS) under epoch 1; the assignment id, or None when
         it claimed nothing."""
         rows = await self.admin.fetch(
-            queries.COMMIT_PLACEMENTS, [job_id], [worker_id], [incarnation], EPOCH, True, [], []
+            queries.COMMIT_PLACEMENTS, [job_id], [worker_id], [incarnation], EPOCH, True, [], [], [], [], []
         )
         return None if rows[0]["assignment_id"] is None else int(rows[0]["assignment_id"])
 

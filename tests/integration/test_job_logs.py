@@ -86,7 +86,7 @@ class Cluster:
         incarnation = self.agent.incarnation
         assert incarnation is not None
         rows = await self.admin.fetch(
-            queries.COMMIT_PLACEMENTS, [job_id], ["w-1"], [incarnation], EPOCH, True, [], []
+            queries.COMMIT_PLACEMENTS, [job_id], ["w-1"], [incarnation], EPOCH, True, [], [], [], [], []
         )
         aid = int(rows[0]["assignment_id"])
         target = None if self.tls is None else ClientTls(self.tls("cp-1")).target(Expected(WORKER, "w-1"))

@@ -181,6 +181,9 @@ class World:
             True,
             [],
             [],
+            [],
+            [],
+            [],
         )
         aid = rows[0]["assignment_id"]
         if aid is None:

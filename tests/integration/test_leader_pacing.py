@@ -81,7 +81,7 @@ async def register(db: PgConnection, worker_id: str, cpu_millis: int = 8000) -> 
     run_id = new_idempotency_key()  # a new agent run each time: always a new incarnation
     incarnation = int(
         await db.fetchval(
-            queries.REGISTER_WORKER, worker_id, address, cpu_millis, 8192, "{}", run_id, 1, digest
+            queries.REGISTER_WORKER, worker_id, address, cpu_millis, 8192, "{}", run_id, 1, digest, "{}"
         )
     )
     await db.fetchrow(queries.HEARTBEAT, worker_id, incarnation, *[[]] * 9, 0, 0, 250, 2500)
@@ -363,7 +363,9 @@ async def test_a_heartbeat_does_not_wait_for_a_placement_on_its_worker(
     heartbeat = await PgConnection.connect(database_url)
     try:
         await placing.execute("BEGIN")
-        rows = await placing.fetch(queries.COMMIT_PLACEMENTS, [job], ["w-1"], [incarnation], 1, True, [], [])
+        rows = await placing.fetch(
+            queries.COMMIT_PLACEMENTS, [job], ["w-1"], [incarnation], 1, True, [], [], [], [], []
+        )
         assert rows[0]["assignment_id"] is not None  # placed, not committed: its locks are held
         await heartbeat.execute("SET lock_timeout = '300ms'")
         before = await db.fetchval("SELECT last_heartbeat_at FROM workers WHERE id = 'w-1'")

@@ -88,7 +88,7 @@ class Cluster:
     async def place(self, job_id: int, worker_id: str, incarnation: int) -> int:
         """The placer's claim (COMMIT_PLACEMENTS) of one job under epoch 1; the assignment id."""
         rows = await self.admin.fetch(
-            queries.COMMIT_PLACEMENTS, [job_id], [worker_id], [incarnation], EPOCH, True, [], []
+            queries.COMMIT_PLACEMENTS, [job_id], [worker_id], [incarnation], EPOCH, True, [], [], [], [], []
         )
         assignment_id = rows[0]["assignment_id"]
         assert assignment_id is not None

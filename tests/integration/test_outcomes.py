@@ -91,7 +91,7 @@ class Cluster:
     ) -> int | None:
         """The placer's claim (COMMIT_PLACEMENTS) of one job; the assignment id, or None."""
         rows = await (conn or self.admin).fetch(
-            queries.COMMIT_PLACEMENTS, [job_id], [worker_id], [incarnation], EPOCH, True, [], []
+            queries.COMMIT_PLACEMENTS, [job_id], [worker_id], [incarnation], EPOCH, True, [], [], [], [], []
         )
         return rows[0]["assignment_id"]
 

@@ -120,7 +120,9 @@ async def test_a_lower_pending_seq_committed_after_the_placers_full_read_is_plac
     has committed. The job of n+1 is placed in that round; n's commits next, and the next round
     or the one after places it (before, it waited for the resync 30 s later)."""
     incarnation = int(
-        await db.fetchval(queries.REGISTER_WORKER, "w-1", "127.0.0.1:1", 8000, 8192, "{}", "run-1", 1, b"")
+        await db.fetchval(
+            queries.REGISTER_WORKER, "w-1", "127.0.0.1:1", 8000, 8192, "{}", "run-1", 1, b"", "{}"
+        )
     )
     await db.fetchrow(queries.HEARTBEAT, "w-1", incarnation, *[[]] * 9, 0, 0, 250, 2500)
     slow = await PgConnection.connect(database_url)
@@ -149,11 +151,15 @@ async def test_a_requeue_that_commits_after_a_later_submission_is_read_by_the_ne
     the requeue commits returns the requeued job (a requeue marks the job with its own
     transaction, as a submission does)."""
     incarnation = int(
-        await db.fetchval(queries.REGISTER_WORKER, "w-1", "127.0.0.1:1", 8000, 8192, "{}", "run-1", 1, b"")
+        await db.fetchval(
+            queries.REGISTER_WORKER, "w-1", "127.0.0.1:1", 8000, 8192, "{}", "run-1", 1, b"", "{}"
+        )
     )
     await db.fetchrow(queries.HEARTBEAT, "w-1", incarnation, *[[]] * 9, 0, 0, 250, 2500)
     placed, _ = await submit(db, "placed")
-    row = await db.fetchrow(queries.COMMIT_PLACEMENTS, [placed], ["w-1"], [incarnation], 1, True, [], [])
+    row = await db.fetchrow(
+        queries.COMMIT_PLACEMENTS, [placed], ["w-1"], [incarnation], 1, True, [], [], [], [], []
+    )
     assert row is not None and row["assignment_id"] is not None
     store = PgPlacerStore(database_url=database_url, application_name="test")
     slow = await PgConnection.connect(database_url)

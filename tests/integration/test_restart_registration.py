@@ -228,7 +228,7 @@ async def test_a_restart_hold_keeps_the_worker_from_being_judged_or_placed_on(cl
     assert declared == []
     job = await cluster.submit()
     rows = await cluster.admin.fetch(
-        queries.COMMIT_PLACEMENTS, [job], ["w-1"], [incarnation], EPOCH, True, [], []
+        queries.COMMIT_PLACEMENTS, [job], ["w-1"], [incarnation], EPOCH, True, [], [], [], [], []
     )
     assert [r["assignment_id"] for r in rows] == [None]
     live = await cluster.admin.fetch(queries.LIVE_WORKERS, 60.0, 5.0)

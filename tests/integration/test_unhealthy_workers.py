@@ -147,7 +147,9 @@ async def test_no_placement_commits_on_an_unhealthy_worker_until_its_probe_is_du
     one = await cluster.register("w-1")
     await record(cluster.admin, "w-1", 0, True, 3600.0)
     job_id = await cluster.submit()
-    rows = await cluster.admin.fetch(queries.COMMIT_PLACEMENTS, [job_id], ["w-1"], [one], EPOCH, True, [], [])
+    rows = await cluster.admin.fetch(
+        queries.COMMIT_PLACEMENTS, [job_id], ["w-1"], [one], EPOCH, True, [], [], [], [], []
+    )
     assert [r["assignment_id"] for r in rows] == [None]
     await cluster.admin.execute("UPDATE workers SET unhealthy_probe_at = now() WHERE id = 'w-1'")
     aid = await cluster.place(job_id, "w-1", one)

@@ -43,6 +43,7 @@ async def register(db: PgConnection, worker_id: str, cpu_millis: int) -> None:
             new_idempotency_key(),
             1,
             digest,
+            "{}",
         )
     )
     await db.fetchrow(queries.HEARTBEAT, worker_id, incarnation, *[[]] * 9, 0, 0, 250, 2500)

@@ -69,7 +69,7 @@ class Cluster:
         incarnation = self.agent.incarnation
         assert incarnation is not None
         rows = await self.admin.fetch(
-            queries.COMMIT_PLACEMENTS, [job_id], ["w-1"], [incarnation], EPOCH, True, [], []
+            queries.COMMIT_PLACEMENTS, [job_id], ["w-1"], [incarnation], EPOCH, True, [], [], [], [], []
         )
         aid = int(rows[0]["assignment_id"])
         channel = GrpcChannel(self.agent.address)

@@ -64,6 +64,9 @@ async def place(url: str, jobs: list[int], worker_id: str, incarnation: int) -> 
             True,
             [],
             [],
+            [],
+            [],
+            [],
         )
     finally:
         await conn.close()
@@ -84,6 +87,9 @@ async def placement_held(url: str, jobs: list[int], worker_id: str, incarnation:
                 [incarnation] * len(jobs),
                 EPOCH,
                 True,
+                [],
+                [],
+                [],
                 [],
                 [],
             )

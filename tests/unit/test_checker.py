@@ -116,6 +116,8 @@ def test_a_clean_run_passes() -> None:
         "schedule_slots_fired": 0,
         "schedule_slots_skipped": 0,
         "schedule_slot_errors": 0,
+        "shared_units": 0,
+        "device_assignments": 0,
         "details": [],
         "ok": True,
     }

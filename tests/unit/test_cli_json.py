@@ -32,6 +32,7 @@ FIELD_KEYS = [
     "max_failed_tasks",
     "retry_on_exit",
     "no_retry_on",
+    "resources",
 ]
 """The fields of a command job, in order, as a job file holds them (``ops.jobfields.fields_of``)."""
 STATUS_KEYS = [
@@ -130,6 +131,7 @@ def test_job_json_is_a_job_file_with_a_status(answers: list[tuple[str, Any]]) ->
         "max_failed_tasks": None,
         "retry_on_exit": [],
         "no_retry_on": [],
+        "resources": {},
     }
     assert list(data["status"]) == STATUS_KEYS
     assert data["status"] == {

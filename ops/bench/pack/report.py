@@ -113,6 +113,8 @@ class ScalePoint:
     placed: int
     accounts: int = 1
     """Accounts the pending jobs belong to (round-robin), with weights 1, 2 and 3 in turn."""
+    device_share: float = 0.0
+    """The share of the pending jobs that ask 1 to 4 gpu (the workers offer 8 each); 0: none."""
 
 
 RATIO_KEYS = ("cpu_use_waiting", "memory_use_waiting", "finished_s")
@@ -272,10 +274,11 @@ def render(report: PackReport) -> Group:
             )
         )
     for point in report.scale:
+        devices = f" ({point.device_share:.0%} asking gpu)" if point.device_share else ""
         parts.append(
             Text(
                 f"scale: {point.pending:>6} pending x {point.workers:>4} workers x {point.accounts:>3} "
-                f"accounts: round p50 "
+                f"accounts{devices}: round p50 "
                 f"{point.round_p50_ms} ms, p99 {point.round_p99_ms} ms, max {point.round_max_ms} ms, "
                 f"first (full read) {point.first_round_ms} ms"
             )

@@ -327,11 +327,13 @@ async def run_burst(settings: PackSettings, root: Path, progress: Callable[[str]
 
 
 async def run_scale_point(
-    database_url: str, pending: int, workers: int, rounds: int, accounts: int = 1
+    database_url: str, pending: int, workers: int, rounds: int, accounts: int = 1, device_share: float = 0.0
 ) -> ScalePoint:
     """The real placer round against ``pending`` jobs of ``accounts`` accounts (round-robin;
     weights 1, 2 and 3 in turn) and ``workers`` simulated busy workers, each running 16 jobs of
-    those accounts."""
+    those accounts. With ``device_share`` > 0 every worker offers 8 gpu units and that share of
+    the jobs (every job whose index falls in the first ``device_share`` of each hundred) asks
+    1 to 4 of them (docs/devices.md)."""
     rng = random.Random(pending + workers)
     async with asyncio_bridge(), BenchPlacer.open(database_url, workers=workers, rng=rng) as bench:
         await bench.add_busy_workers()
@@ -344,6 +346,15 @@ async def run_scale_point(
             pending,
             accounts,
         )
+        if device_share > 0:
+            await bench.db.execute(
+                """UPDATE workers SET resources = '{"gpu": ["0","1","2","3","4","5","6","7"]}'::jsonb"""
+            )
+            await bench.db.execute(
+                "UPDATE jobs SET resources = jsonb_build_object('gpu', 1 + id % 4)"
+                " WHERE name = 'scale' AND id % 100 < $1",
+                round(device_share * 100),
+            )
         # What the busy workers run: 16 jobs each, of the same accounts (fair share reads what
         # each account's running jobs hold in every round with two accounts queued).
         await bench.db.execute(
@@ -373,6 +384,7 @@ async def run_scale_point(
         round_max_ms=top,
         placed=bench.placer.stats.placements,
         accounts=accounts,
+        device_share=device_share,
     )
 
 
@@ -444,6 +456,7 @@ def run_pack(settings: PackSettings, root: Path, progress: Callable[[str], None]
                             n_workers,
                             settings.scale_rounds,
                             settings.scale_accounts,
+                            settings.scale_device_share,
                         )
                     )
         finally:

@@ -155,6 +155,9 @@ class PackSettings:
     scale_accounts: int = 1
     """Accounts the scale curve's pending jobs belong to, round-robin (fair share orders
     them); 1: every job is one account's."""
+    scale_device_share: float = 0.0
+    """The share of the scale curve's pending jobs (0 to 1) that ask 1 to 4 gpu of the simulated
+    workers, which then each offer 8 (docs/devices.md); 0: no devices."""
     only_scale: bool = False
     """Run the scale curve alone (no stream, no burst)."""
     duration_scale: float = 1.0

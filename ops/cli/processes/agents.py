@@ -32,6 +32,7 @@ from runtime.oom import (
     check_oom_score_adj,
 )
 from runtime.priority import check_nice
+from runtime.resources import merge_offers
 from runtime.settings.agent import (
     JOB_RESOURCES_CHOICES,
     MAX_JOB_NICE,
@@ -53,6 +54,18 @@ def _default(name: str) -> Any:
 
 
 _agent = settings_rows("agent", _default)
+
+
+def _resources_checked(resources: list[str] | None) -> list[str] | None:
+    """The --resource values, checked as they are parsed (as :func:`_labels_checked`)."""
+    from runtime.errors import InvalidArgument
+
+    try:
+        merge_offers(resources or [])
+    except InvalidArgument as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    return resources
+
 
 WORKER_OPTIONS: dict[str, Option] = {
     **_agent(
@@ -170,6 +183,17 @@ WORKER_OPTIONS: dict[str, Option] = {
         help="oom_score_adj (-1000..1000) this process and its job supervisors ask for at start, so "
         "the kernel's OOM killer takes jobs first; without CAP_SYS_RESOURCE it goes as low as it "
         "may and says so.",
+    ),
+    "resource": Option(
+        None,
+        kind=list[str] | None,
+        help="Countable devices offered, NAME=ID,ID,... (repeatable), e.g. --resource gpu=0,1,2,3; each "
+        "unit id once; a fleet's workers each offer them (a worker's own resources in the spec win). "
+        "Without a gpu here, the GPUs nvidia-smi -L lists, where it exists. Jobs ask them with "
+        "stockade submit --resource gpu=2 (docs/devices.md).",
+        callback=_resources_checked,
+        metavar="NAME=ID,ID,...",
+        show_default=False,
     ),
     **PROCESS_OPTIONS,
 }
@@ -307,6 +331,7 @@ def agent(
             **_settings_fields(options),
             tls=None if folder is None else TlsFiles.in_dir(folder, worker_id),
             labels={**parse_labels(label or []), **({"container": "none"} if no_containers else {})},
+            resources=merge_offers(options["resource"] or []),
         )
     with errors():
         _check(options)
@@ -361,6 +386,7 @@ def fleet(
             control_planes=named_addresses(control_planes),
             listen_host=host,
             cert_dir=folder,
+            resources=merge_offers(options["resource"] or []),
             **_settings_fields(options),
         )
         _check(options)

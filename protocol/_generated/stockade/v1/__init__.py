@@ -51,6 +51,8 @@ __all__ = (
     "Refusal",
     "RegisterWorkerReply",
     "RegisterWorkerRequest",
+    "ResourceCount",
+    "ResourceUnits",
     "ScheduleInfo",
     "ScheduleNameRequest",
     "ScheduleSpec",
@@ -174,6 +176,13 @@ class Assignment(betterproto2.Message):
     The job was placed before (a run of it was lost with its worker, stopped or failed): the
     worker reports this run's start at once, with a heartbeat pulled forward, so a moved job
     counts as running elsewhere without waiting an interval.
+    """
+
+    units: "list[ResourceUnits]" = betterproto2.field(60, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    The device units this assignment holds on the worker (the placer chose them; no other
+    active assignment holds one): set as STOCKADE_RESOURCE_<NAME> and, for gpu,
+    CUDA_VISIBLE_DEVICES; a container is given those GPUs only.
     """
 
 
@@ -997,6 +1006,12 @@ class JobSpec(betterproto2.Message):
     ("after: cycle a -> b -> a"). SubmitJobs only.
     """
 
+    resources: "list[ResourceCount]" = betterproto2.field(60, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    Countable devices asked (docs/devices.md): how many whole units of one worker each run
+    holds, per resource name (e.g. gpu, 2). Each name once; a count of 0 reads as none.
+    """
+
 
 default_message_pool.register_message("stockade.v1", "JobSpec", JobSpec)
 
@@ -1417,8 +1432,53 @@ class RegisterWorkerRequest(betterproto2.Message):
 
     held_assignment_ids: "list[int]" = betterproto2.field(10, betterproto2.TYPE_UINT64, repeated=True)
 
+    resources: "list[ResourceUnits]" = betterproto2.field(60, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    The countable devices it offers (stockade agent --resource gpu=0,1,2,3, or the GPUs
+    nvidia-smi -L lists): each resource name once, each unit id once (docs/devices.md).
+    """
+
 
 default_message_pool.register_message("stockade.v1", "RegisterWorkerRequest", RegisterWorkerRequest)
+
+
+@dataclass(eq=False, repr=False)
+class ResourceCount(betterproto2.Message):
+    """
+    How many units of one countable resource a job asks (docs/devices.md).
+    """
+
+    name: "str" = betterproto2.field(40, betterproto2.TYPE_STRING)
+    """
+    [a-z][a-z0-9_-]*, e.g. gpu.
+    """
+
+    count: "int" = betterproto2.field(41, betterproto2.TYPE_UINT32)
+
+
+default_message_pool.register_message("stockade.v1", "ResourceCount", ResourceCount)
+
+
+@dataclass(eq=False, repr=False)
+class ResourceUnits(betterproto2.Message):
+    """
+    ---------------------------------------------------------------- devices
+
+    Units of one countable resource (docs/devices.md): a worker's offer, an assignment's hold.
+    """
+
+    name: "str" = betterproto2.field(40, betterproto2.TYPE_STRING)
+    """
+    [a-z][a-z0-9_-]*, e.g. gpu.
+    """
+
+    units: "list[str]" = betterproto2.field(41, betterproto2.TYPE_STRING, repeated=True)
+    """
+    Unit ids, e.g. 0, 1 or GPU-<uuid>; each once.
+    """
+
+
+default_message_pool.register_message("stockade.v1", "ResourceUnits", ResourceUnits)
 
 
 @dataclass(eq=False, repr=False)
@@ -1766,6 +1826,13 @@ class WorkerInfo(betterproto2.Message):
     unhealthy_reason: "str" = betterproto2.field(17, betterproto2.TYPE_STRING)
 
     unhealthy_since_unix_s: "float" = betterproto2.field(18, betterproto2.TYPE_DOUBLE)
+
+    resources: "list[ResourceUnits]" = betterproto2.field(60, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    The countable devices it offers, and those of them held by its active assignments.
+    """
+
+    resources_in_use: "list[ResourceUnits]" = betterproto2.field(61, betterproto2.TYPE_MESSAGE, repeated=True)
 
 
 default_message_pool.register_message("stockade.v1", "WorkerInfo", WorkerInfo)
