@@ -46,6 +46,12 @@ from runtime.jobs import (
     MIN_RETRY_EXIT_CODE,
     MIN_TIMEOUT_S,
 )
+from runtime.resources import (
+    MAX_RESOURCE_KINDS,
+    MAX_RESOURCE_NAME_BYTES,
+    MAX_RESOURCE_UNITS,
+    MAX_UNIT_ID_BYTES,
+)
 from runtime.schedules import (
     CRON_HORIZON_YEARS,
     MAX_CATCH_UP_SLOTS,
@@ -53,12 +59,6 @@ from runtime.schedules import (
     MAX_STARTING_DEADLINE_S,
     MAX_TZ_BYTES,
     MIN_STARTING_DEADLINE_S,
-)
-from runtime.resources import (
-    MAX_RESOURCE_KINDS,
-    MAX_RESOURCE_NAME_BYTES,
-    MAX_RESOURCE_UNITS,
-    MAX_UNIT_ID_BYTES,
 )
 from runtime.settings import agent as agent_settings
 from runtime.validation import (

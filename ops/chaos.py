@@ -491,6 +491,7 @@ class Harness:
             except StockadeError:
                 await trio.sleep(0.5)  # no replica answered (one may be frozen): again
         raise FaultError("the chaos schedule could not be paused")
+
     async def _sample_devices(self, client: ControlPlaneClient, stop: trio.Event) -> None:
         """Every half second until ``stop`` (every job finished): the gpu in use and offered by the
         alive workers and the pending jobs, from the status (a sample the status call misses is
