@@ -57,7 +57,7 @@ class Cluster:
 
     async def place(self, job_id: int, worker_id: str, incarnation: int) -> int:
         rows = await self.admin.fetch(
-            queries.COMMIT_PLACEMENTS, [job_id], [worker_id], [incarnation], EPOCH, True, [], []
+            queries.COMMIT_PLACEMENTS, [job_id], [worker_id], [incarnation], EPOCH, True, [], [], [], [], []
         )
         assert rows[0]["assignment_id"] is not None
         return int(rows[0]["assignment_id"])

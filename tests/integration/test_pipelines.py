@@ -64,7 +64,17 @@ class Cluster:
     async def finish(self, job_id: int) -> None:
         """Place ``job_id`` on w-1 and report its success."""
         rows = await self.admin.fetch(
-            queries.COMMIT_PLACEMENTS, [job_id], ["w-1"], [await self.worker()], EPOCH, True, [], []
+            queries.COMMIT_PLACEMENTS,
+            [job_id],
+            ["w-1"],
+            [await self.worker()],
+            EPOCH,
+            True,
+            [],
+            [],
+            [],
+            [],
+            [],
         )
         assert rows[0]["assignment_id"] is not None, f"job {job_id} was not pending"
         outcome = pb.JobOutcome(
