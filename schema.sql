@@ -218,6 +218,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     owner                text        NOT NULL DEFAULT 'anonymous',
     -- when a run of it was last preempted (database time): not again within preempt_cooldown_s
     preempted_at         timestamptz,
+    -- a gang's task (docs/gangs.md): the gang's id (its rank 0 task's) and this task's rank
+    gang_id              bigint,
+    gang_rank            integer,
     -- a job depends only on jobs older than itself (queries.SUBMIT_JOB names only jobs that
     -- exist), so its dependencies never form a cycle
     CONSTRAINT jobs_after_older_check CHECK (id > ALL (after_ids))
@@ -228,6 +231,7 @@ CREATE INDEX IF NOT EXISTS jobs_cancel_requested
     ON jobs (id) WHERE cancel_requested AND state IN ('assigned', 'running');
 CREATE INDEX IF NOT EXISTS jobs_waiting ON jobs (id) WHERE state = 'waiting';
 CREATE INDEX IF NOT EXISTS jobs_by_array ON jobs (array_id, array_index) WHERE array_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_by_gang ON jobs (gang_id, gang_rank) WHERE gang_id IS NOT NULL;
 -- An account's jobs, newest first (queries.LIST_JOBS for a user or a scoped viewer).
 CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, id);
 -- An account's queued (pending and waiting) jobs, counted against its max_pending
@@ -268,7 +272,13 @@ CREATE TABLE IF NOT EXISTS assignments (
     -- a preemption the leader decided (docs/preemption.md): the preempting job, and when it
     -- was decided; the reconciler stops the run and ends it as stopped ('preempted')
     preempted_by        bigint,
-    preempt_requested_at timestamptz
+    preempt_requested_at timestamptz,
+    -- a gang task's run (docs/gangs.md): the gang's attempt this placement is (gangs.attempts
+    -- when committed: every task of one attempt commits in one statement), and the port the
+    -- leader gave the task on its worker (STOCKADE_GANG_PORT), unique among the worker's active
+    -- assignments
+    gang_attempt        integer,
+    gang_port           integer
 );
 -- Invariant 1: at most one active assignment per job.
 CREATE UNIQUE INDEX IF NOT EXISTS assignments_one_active_per_job
@@ -282,9 +292,35 @@ CREATE INDEX IF NOT EXISTS assignments_finished_by_worker
     ON assignments (worker_id, ended_at) WHERE state = 'finished';
 CREATE INDEX IF NOT EXISTS assignments_cancelled_by_worker
     ON assignments (worker_id, ended_at) WHERE state = 'cancelled';
+-- Two active gang tasks on one worker never share a port.
+CREATE UNIQUE INDEX IF NOT EXISTS assignments_gang_port_per_worker
+    ON assignments (worker_id, gang_port) WHERE state = 'active' AND gang_port IS NOT NULL;
 -- The preemptions to carry out (queries.PREEMPT_DUE_ASSIGNMENTS).
 CREATE INDEX IF NOT EXISTS assignments_preempt_requested
     ON assignments (id) WHERE state = 'active' AND preempt_requested_at IS NOT NULL;
+
+-- ---------------------------------------------------------------- gangs
+
+-- A gang (docs/gangs.md): ``size`` task jobs (jobs.gang_id = id, gang_rank 0 .. size - 1, one
+-- spec) placed all or nothing in one fenced commit; id is its rank 0 task's job id. spread: its
+-- tasks go to distinct workers. attempts: how many times it was placed whole (the newest is its
+-- assignments' gang_attempt); broken: the newest attempt a task of which ended other than
+-- succeeded (its other tasks are stopped, and all of them placed again once every one ended);
+-- failures: the attempts spent (a task failed or was lost), against max_attempts (its tasks'
+-- spec's); state: 'live' until the gang succeeded (every task did), failed (detail: why) or was
+-- cancelled. Written by the submission and by the routine gang_runs_ended, never by Python.
+CREATE TABLE IF NOT EXISTS gangs (
+    id            bigint      PRIMARY KEY,
+    size          integer     NOT NULL CHECK (size >= 1),
+    spread        boolean     NOT NULL DEFAULT false,
+    max_attempts  integer     NOT NULL DEFAULT 1,
+    attempts      integer     NOT NULL DEFAULT 0,
+    broken        integer     NOT NULL DEFAULT 0,
+    failures      integer     NOT NULL DEFAULT 0,
+    state         text        NOT NULL DEFAULT 'live'
+                  CHECK (state IN ('live', 'succeeded', 'failed', 'cancelled')),
+    detail        text        NOT NULL DEFAULT ''
+);
 
 -- ---------------------------------------------------------------- idempotency keys
 
@@ -352,7 +388,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 -- This file's version: the newest migration's (actors/migrations/).
-INSERT INTO schema_version (version) VALUES (9) ON CONFLICT (version) DO NOTHING;
+INSERT INTO schema_version (version) VALUES (13) ON CONFLICT (version) DO NOTHING;
 
 -- ================================================================ routines
 -- Everything below is functions, triggers and views, each CREATE OR REPLACE: applied with the
@@ -515,7 +551,13 @@ SELECT id, cpu_millis, memory_mb, priority, reason, pending_xid, pending_seq,
        CASE WHEN failures > 0 THEN
            (SELECT string_agg(DISTINCT a.worker_id, ' ') FROM assignments a
              WHERE a.job_id = jobs.id AND a.outcome = 'failed') END AS failed_on,
-       owner
+       owner,
+       -- a gang's task (docs/gangs.md): its gang, rank, the gang's size and spread
+       gang_id, gang_rank,
+       CASE WHEN gang_id IS NOT NULL THEN (SELECT g.size FROM gangs g WHERE g.id = jobs.gang_id) END
+           AS gang_size,
+       CASE WHEN gang_id IS NOT NULL THEN (SELECT g.spread FROM gangs g WHERE g.id = jobs.gang_id) END
+           AS gang_spread
   FROM jobs WHERE state = 'pending';
 
 -- The accounts with a cpu_millis or memory_mb cap, their caps (NULL: none) and what their
@@ -740,6 +782,118 @@ BEGIN
     SELECT coalesce(array_agg(id), '{}') INTO requeued FROM r;
     RETURN requeued;
 END $$;
+
+-- ---------------------------------------------------------------- gangs (routines)
+
+-- The one rule of a gang's runs (docs/gangs.md, "Failure"), run after every statement that ends
+-- assignments (trigger assignments_gang_runs_ended), so every path that ends a run (a worker's
+-- report, a dead worker, a timeout, a cancel, a preemption, a drain) keeps it, in the
+-- transaction of the end. The task's own job went as every job goes (after_run, after_loss,
+-- requeue_unspent) in the same statement; then, per gang:
+-- - the first end of a task of the gang's newest attempt other than a success breaks that
+--   attempt: it spends one of the gang's attempts when the run failed or was lost (counted, or
+--   lost), the gang's other active tasks of that attempt are asked to stop (the preemption's stop,
+--   preempted_by NULL: queries.PREEMPT_DUE_ASSIGNMENTS), and its tasks that had succeeded in it
+--   are pending again (the gang runs again whole); the gang fails once its attempts are spent,
+--   and is cancelled when a task's cancel was asked;
+-- - a gang that failed or was cancelled takes its pending and waiting tasks with it (each task
+--   that still runs becomes pending when its stop ends it, and is ended then);
+-- - a gang all of whose tasks succeeded has succeeded.
+-- Tasks become pending one by one as their runs end; the placer places a gang only when all of
+-- them are (actors/gangs.py), so a task is placed again only after every run of its attempt ended.
+CREATE OR REPLACE FUNCTION gang_runs_ended() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    touched bigint[];
+BEGIN
+    -- Most statements end no gang task: one pass over the changed rows, nothing else.
+    IF NOT EXISTS (SELECT 1 FROM gang_after_rows WHERE gang_attempt IS NOT NULL AND state <> 'active') THEN
+        RETURN NULL;
+    END IF;
+    WITH ended AS (
+        SELECT j.gang_id, a.gang_attempt AS attempt,
+               bool_or(a.counted OR a.state = 'lost') AS spends,
+               bool_or(NOT (a.state = 'finished' AND a.outcome IS NOT DISTINCT FROM 'succeeded')) AS breaks,
+               bool_or(j.cancel_requested) AS cancelled,
+               string_agg(DISTINCT 'task ' || j.gang_rank || ' ' || coalesce(a.end_reason, a.state), ', ')
+                   FILTER (WHERE NOT (a.state = 'finished' AND a.outcome IS NOT DISTINCT FROM 'succeeded'))
+                   AS why
+          FROM gang_before_rows o
+          JOIN gang_after_rows a ON a.id = o.id
+          JOIN jobs j ON j.id = a.job_id
+         WHERE o.state = 'active' AND a.state <> 'active' AND a.gang_attempt IS NOT NULL
+         GROUP BY j.gang_id, a.gang_attempt
+    ),
+    broke AS (
+        UPDATE gangs g
+           SET broken = e.attempt,
+               failures = g.failures + e.spends::int,
+               state = CASE WHEN e.cancelled THEN 'cancelled'
+                            WHEN g.failures + e.spends::int >= g.max_attempts THEN 'failed'
+                            ELSE g.state END,
+               detail = CASE WHEN e.cancelled THEN 'cancelled'
+                             WHEN g.failures + e.spends::int >= g.max_attempts
+                             THEN 'gang_failed: attempt ' || e.attempt || ' broke (' || e.why
+                                  || '), the last of ' || g.max_attempts || ' attempts'
+                             ELSE 'gang attempt ' || e.attempt || ' broke (' || e.why || ')' END
+          FROM ended e
+         WHERE g.id = e.gang_id AND e.breaks AND g.state = 'live'
+           AND e.attempt = g.attempts AND g.broken < e.attempt
+     RETURNING g.id, e.attempt, g.state
+    ),
+    stopping AS (
+        UPDATE assignments a
+           SET preempt_requested_at = now(), preempted_by = NULL
+          FROM broke b JOIN jobs j ON j.gang_id = b.id
+         WHERE a.job_id = j.id AND a.state = 'active' AND a.gang_attempt = b.attempt
+           AND a.preempt_requested_at IS NULL
+    ),
+    again AS (
+        UPDATE jobs j
+           SET state = 'pending', started_at = NULL, finished_at = NULL, exit_code = NULL,
+               pending_seq = nextval('pending_seq'), pending_xid = pg_current_xact_id()::text::bigint,
+               not_before = NULL, reason = ''
+          FROM broke b
+         WHERE j.gang_id = b.id AND b.state = 'live' AND j.state = 'succeeded'
+    )
+    SELECT coalesce(array_agg(DISTINCT gang_id), '{}') INTO touched FROM ended;
+
+    UPDATE jobs j
+       SET state = g.state, reason = '', finished_at = now(),
+           detail = CASE WHEN j.detail = '' THEN g.detail ELSE j.detail END
+      FROM gangs g
+     WHERE g.id = ANY(touched) AND g.state IN ('failed', 'cancelled')
+       AND j.gang_id = g.id AND j.state IN ('pending', 'waiting');
+
+    UPDATE gangs g SET state = 'succeeded', detail = ''
+     WHERE g.id = ANY(touched) AND g.state = 'live'
+       AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.gang_id = g.id AND j.state <> 'succeeded');
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER assignments_gang_runs_ended AFTER UPDATE ON assignments
+    REFERENCING OLD TABLE AS gang_before_rows NEW TABLE AS gang_after_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION gang_runs_ended();
+
+-- The gangs holding resources partially (docs/gangs.md, "No partial gang"): a live gang whose
+-- newest attempt has tasks with an active assignment not asked to stop while another of its
+-- tasks has neither such an assignment nor a success in that attempt. Empty in every committed
+-- state: a commit places a gang whole, and the end that breaks an attempt asks the rest to stop
+-- in its own transaction (gang_runs_ended). Read by the checker and chaos sampling.
+CREATE OR REPLACE VIEW partial_gangs AS
+SELECT g.id AS gang_id, g.attempts AS attempt, g.size,
+       count(*) FILTER (WHERE t.holding)::int AS holding,
+       count(*) FILTER (WHERE t.succeeded)::int AS succeeded
+  FROM gangs g
+  JOIN LATERAL (
+      SELECT EXISTS (SELECT 1 FROM assignments a
+                      WHERE a.job_id = j.id AND a.state = 'active' AND a.preempt_requested_at IS NULL
+                        AND a.gang_attempt = g.attempts) AS holding,
+             j.state = 'succeeded' AS succeeded
+        FROM jobs j WHERE j.gang_id = g.id
+  ) t ON true
+ WHERE g.state = 'live' AND g.attempts > 0
+ GROUP BY g.id
+HAVING count(*) FILTER (WHERE t.holding) > 0
+   AND count(*) FILTER (WHERE t.holding OR t.succeeded) < g.size;
 
 -- ---------------------------------------------------------------- heartbeats and outcomes
 
