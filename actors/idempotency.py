@@ -44,8 +44,10 @@ def request_digest(rpc: str, items: Iterable[Any]) -> bytes:
 
 def job_item(job: JobSpec) -> list[Any]:
     """A checked job as it enters a request's digest: the columns it is stored in, in their
-    order; raises ValueError for a job with no runtime (not checked)."""
-    return list(attrs.astuple(queries.job_columns(job)))
+    order (a gang's size and spread after them); raises ValueError for a job with no runtime (not
+    checked)."""
+    item = list(attrs.astuple(queries.job_columns(job)))
+    return item if job.tasks is None else [*item, job.tasks, job.spread]
 
 
 def registration_digest(*, address: str, cpu_millis: int, memory_mb: int, labels: Mapping[str, str]) -> bytes:

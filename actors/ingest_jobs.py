@@ -126,6 +126,8 @@ class JobHandlers(AdmittedService):
                     rpc_caller().account,
                     rpc_caller().scope,
                     job.priority if rpc_caller().priority_capped else None,
+                    job.tasks,
+                    job.spread,
                 ),
                 key=key,
                 digest=digest,

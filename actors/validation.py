@@ -32,6 +32,7 @@ from runtime.jobs import (
     MAX_ENV_BYTES,
     MAX_ENV_NAME_BYTES,
     MAX_ENV_VARS,
+    MAX_GANG_TASKS,
     MAX_IMAGE_BYTES,
     MAX_MEMORY_MB,
     MAX_NAME_BYTES,
@@ -266,6 +267,11 @@ LIMITS = (
         "job `array` (`--array FIRST-LAST[%MAX_RUNNING]`)",
         f"indexes 0 to {_n(MAX_ARRAY_INDEX)}, LAST not below FIRST, at most {_n(MAX_ARRAY_TASKS)} tasks",
         ("MAX_ARRAY_INDEX", "MAX_ARRAY_TASKS"),
+    ),
+    Limit(
+        "job `tasks` (`--tasks N`: a gang, docs/gangs.md)",
+        f"1 to {_n(MAX_GANG_TASKS)} tasks; not with `array`; `spread` only with `tasks`",
+        ("MAX_GANG_TASKS",),
     ),
     Limit(
         "`specs` of one SubmitJobs request (`stockade jobs` splits larger batches)",

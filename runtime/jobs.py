@@ -72,6 +72,8 @@ MAX_ARRAY_TASKS = 10_000
 """Most tasks of one array (as many as one batch submission)."""
 MAX_ARRAY_INDEX = 1_000_000
 """Largest task index of an array."""
+MAX_GANG_TASKS = 256
+"""Most tasks of one gang (``--tasks``): all of them are placed in one fenced commit."""
 
 
 def _argv(value: Iterable[str]) -> tuple[str, ...]:
@@ -351,6 +353,11 @@ class JobSpec:
     """Jobs that must all have succeeded before this one becomes pending."""
     array: ArrayRange | None = None
     """Submit as an array of tasks (:class:`ArrayRange`); None: one job."""
+    tasks: int | None = None
+    """Submit as a gang of this many tasks, 1 to :data:`MAX_GANG_TASKS`, placed all or nothing
+    (docs/gangs.md); None: not a gang."""
+    spread: bool = False
+    """A gang's tasks go to distinct workers (only with ``tasks``)."""
 
     def check(self) -> JobSpec:
         """This spec, once it is found within every limit (fields in the order above).
@@ -402,6 +409,21 @@ class JobSpec:
             raise InvalidArgument("after", list(self.after), "must name each job once")
         if self.array is not None:
             self.array.check()
+        self._check_gang()
+
+    def _check_gang(self) -> None:
+        """The rules of ``tasks`` and ``spread``."""
+        if self.tasks is None:
+            if self.spread:
+                raise InvalidArgument("spread", True, "applies only to a gang: give tasks (--tasks N) too")
+            return
+        if isinstance(self.tasks, bool) or not isinstance(self.tasks, int):
+            raise InvalidArgument("tasks", self.tasks, "must be an integer")
+        check_int_between("tasks", self.tasks, 1, MAX_GANG_TASKS)
+        if self.array is not None:
+            raise InvalidArgument(
+                "tasks", self.tasks, "cannot be combined with array: a job is a gang or an array"
+            )
 
     def env_values_hidden(self) -> JobSpec:
         """This spec with every environment value replaced by :data:`HIDDEN_ENV_VALUE` (the

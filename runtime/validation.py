@@ -34,6 +34,7 @@ MAX_LIST_LIMIT = 10_000
 MAX_BATCH_JOBS = 10_000
 """The most jobs of one SubmitJobs (``stockade jobs`` splits larger batches)."""
 BATCH_ARRAY_RULE = "must be unset in a batch (submit an array with SubmitJob, one per call)"
+BATCH_GANG_RULE = "must be unset in a batch (submit a gang with SubmitJob, one per call)"
 MAX_IDEMPOTENCY_KEY_BYTES = 128
 """The longest idempotency key of a mutating call, in bytes of UTF-8."""
 MAX_TAIL_LINES = 100_000
@@ -98,6 +99,8 @@ def check_jobs_steps(
             raise InvalidArgument(f"specs[{index}].{exc.field}", exc.value, exc.rule) from None
         if job.array is not None:
             raise InvalidArgument(f"specs[{index}].array", job.array.describe(), BATCH_ARRAY_RULE)
+        if job.tasks is not None:
+            raise InvalidArgument(f"specs[{index}].tasks", job.tasks, BATCH_GANG_RULE)
         checked.append(job)
         if (index + 1) % step_jobs == 0:
             yield

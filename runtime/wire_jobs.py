@@ -45,6 +45,8 @@ def job_spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         env=dict(spec.env),
         workdir=spec.workdir,
         after=list(spec.after),
+        tasks=spec.tasks or 0,
+        spread=spec.spread,
     )
     if spec.array is not None:
         message.array = pb.JobArray(**attrs.asdict(spec.array))
@@ -104,4 +106,6 @@ def job_spec_from_pb(message: pb.JobSpec | None, *, strict: bool = True) -> JobS
             last_index=message.array.last_index,
             max_running=message.array.max_running,
         ),
+        tasks=message.tasks or None,
+        spread=message.spread,
     )

@@ -25,12 +25,14 @@ from actors.queries.idempotent import once
 # (the job's, or the array's) and tasks (how many rows). Refused whole when $22 is above the
 # owner's max_priority (SQLSTATE SK002), or when its rows would take the owner's pending and
 # waiting jobs over its max_pending (SK001) (schema.sql, check_submission; a replay is not checked).
+# $23 a gang's tasks (NULL: not a gang) and $24 whether they spread: one row per task, ranks 0 to
+# $23 - 1, gang_id the first task's id, and the gang's row (docs/gangs.md).
 SUBMIT_JOB = once(
     "submit_job",
     """
 SELECT min(id) AS id, count(*) AS tasks FROM inserted HAVING count(*) > 0
 """,
-    params=22,
+    params=24,
     action="submit",
     steps="""deps AS (
     SELECT (SELECT count(*) FROM jobs d WHERE d.id = ANY($16::bigint[])
@@ -40,20 +42,25 @@ SELECT min(id) AS id, count(*) AS tasks FROM inserted HAVING count(*) > 0
                       WHERE s.state <> 'succeeded'), '{}') AS unfinished
 ),
 queued AS (
-    SELECT check_submission($20::text, coalesce($18::int - $17::int + 1, 1), $22::bigint) AS ok FROM fresh
+    SELECT check_submission($20::text, coalesce($18::int - $17::int + 1, $23::int, 1), $22::bigint) AS ok
+      FROM fresh
 ),
 first AS (
     SELECT nextval('jobs_id_seq') AS id FROM fresh, deps, queued WHERE deps.all_exist AND queued.ok
 ),
 tasks AS (
     SELECT i, row_number() OVER (ORDER BY i) AS k
-      FROM generate_series(coalesce($17::int, 0), coalesce($18::int, 0)) AS i
+      FROM generate_series(coalesce($17::int, 0), coalesce($18::int, $23::int - 1, 0)) AS i
+),
+gang AS (
+    INSERT INTO gangs (id, size, spread, max_attempts)
+    SELECT f.id, $23::int, $24::boolean, $9::int FROM first f WHERE $23::int IS NOT NULL
 ),
 inserted AS (
     INSERT INTO jobs (id, name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
                       max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env,
                       workdir, after_ids, array_id, array_index, array_max_running, state, reason,
-                      pending_seq, owner)
+                      pending_seq, owner, gang_id, gang_rank)
     SELECT CASE WHEN t.k = 1 THEN f.id ELSE nextval('jobs_id_seq') END,
            $1::text, $2::int, $3::int, $4::int, $5::text, $6::bigint, $7::text[], $8::text,
            $9::int, $10::bigint, $11::boolean, $12::bigint, $13::jsonb, $14::jsonb, $15::text,
@@ -68,7 +75,9 @@ inserted AS (
                 WHEN coalesce($19::int, 0) > 0 AND t.k > $19::int
                 THEN 'array limit: ' || $19::int || ' running'
                 ELSE '' END,
-           nextval('pending_seq'), $20::text
+           nextval('pending_seq'), $20::text,
+           CASE WHEN $23::int IS NULL THEN NULL ELSE f.id END,
+           CASE WHEN $23::int IS NULL THEN NULL ELSE t.i END
       FROM first f, deps, tasks t
      ORDER BY t.k
  RETURNING id

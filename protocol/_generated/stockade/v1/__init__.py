@@ -22,6 +22,7 @@ __all__ = (
     "ControlPlaneStub",
     "CordonWorkerRequest",
     "DrainWorkerRequest",
+    "GangSeat",
     "GetAccountRequest",
     "GetJobEventsReply",
     "GetJobEventsRequest",
@@ -158,6 +159,11 @@ class Assignment(betterproto2.Message):
     The job was placed before (a run of it was lost with its worker, stopped or failed): the
     worker reports this run's start at once, with a heartbeat pulled forward, so a moved job
     counts as running elsewhere without waiting an interval.
+    """
+
+    gang: "GangSeat | None" = betterproto2.field(70, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    A gang's task (docs/gangs.md): its rank and place among its peers, set as STOCKADE_GANG_*.
     """
 
 
@@ -477,6 +483,32 @@ class DrainWorkerRequest(betterproto2.Message):
 
 
 default_message_pool.register_message("stockade.v1", "DrainWorkerRequest", DrainWorkerRequest)
+
+
+@dataclass(eq=False, repr=False)
+class GangSeat(betterproto2.Message):
+    """
+    A gang task's place in its gang (Assignment.gang): the job sets STOCKADE_GANG_RANK,
+    STOCKADE_GANG_SIZE, STOCKADE_GANG_PORT and STOCKADE_GANG_PEERS (host:port by rank, comma
+    separated). The leader gives each task a port from its gang port range, unique among the
+    active assignments on its worker, so every peer's address is known before any task starts.
+    """
+
+    gang_id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
+
+    rank: "int" = betterproto2.field(2, betterproto2.TYPE_UINT32)
+
+    size: "int" = betterproto2.field(3, betterproto2.TYPE_UINT32)
+
+    port: "int" = betterproto2.field(4, betterproto2.TYPE_UINT32)
+
+    peers: "list[str]" = betterproto2.field(5, betterproto2.TYPE_STRING, repeated=True)
+    """
+    host:port of every task of the gang, by rank (this task's included).
+    """
+
+
+default_message_pool.register_message("stockade.v1", "GangSeat", GangSeat)
 
 
 @dataclass(eq=False, repr=False)
@@ -948,6 +980,17 @@ class JobSpec(betterproto2.Message):
     array: "JobArray | None" = betterproto2.field(28, betterproto2.TYPE_MESSAGE, optional=True)
     """
     Submit an array of tasks of this spec (SubmitJob only).
+    """
+
+    tasks: "int" = betterproto2.field(70, betterproto2.TYPE_UINT32)
+    """
+    Submit a gang of this many tasks of this spec, placed all or nothing in one fenced commit
+    (SubmitJob only; docs/gangs.md); 0: not a gang.
+    """
+
+    spread: "bool" = betterproto2.field(71, betterproto2.TYPE_BOOL)
+    """
+    A gang's tasks go to distinct workers.
     """
 
 
