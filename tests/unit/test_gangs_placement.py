@@ -131,7 +131,8 @@ def test_a_gang_larger_than_the_cluster_waits_saying_why() -> None:
     plan = place_gangs([_gang(1, 8, 2000, 64, True)], rooms, now=0.0)
     assert not plan.placements
     assert {r for _, r in plan.reasons} == {
-        "unschedulable: gang of 8 needs 8 workers with room for 2000 cpu_millis, 64 memory_mb; 5 live workers have it"
+        "unschedulable: gang of 8 needs 8 workers with room for 2000 cpu_millis, 64 memory_mb;"
+        " 5 live workers have it"
     }
 
 
