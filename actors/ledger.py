@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from actors import queries
+from actors.gangs import GANG_PORT_COUNT, GANG_PORT_FIRST
 from actors.messages import (
     CommitPlacements,
     CommittedAssignment,
@@ -335,6 +336,8 @@ class Ledger:
             _FENCING_ENABLED,
             [job_id for job_id, _ in message.reasons],
             [reason for _, reason in message.reasons],
+            GANG_PORT_FIRST,
+            GANG_PORT_COUNT,
         )
         placed = [row for row in rows if row["assignment_id"] is not None]
         argvs: dict[int, dict[str, Any]] = {}
@@ -354,6 +357,7 @@ class Ledger:
                 array_index=argvs.get(int(row["id"]), {}).get("array_index"),
                 array_id=argvs.get(int(row["id"]), {}).get("array_id"),
                 placed_before=bool(row["placed_before"]),
+                gang=queries.gang_seat_of(argvs.get(int(row["id"]), {})),
             )
             for row in placed
         )
@@ -442,7 +446,11 @@ class Ledger:
         rows = await conn.fetch(
             queries.END_PREEMPTED_ASSIGNMENTS, message.epoch, list(message.assignment_ids)
         )
-        requeued = {int(r["job_id"]): int(r["preempted_by"]) for r in rows if r["requeued"]}
+        requeued = {
+            int(r["job_id"]): int(r["preempted_by"])
+            for r in rows
+            if r["requeued"] and r["preempted_by"] is not None  # None: a gang's stop
+        }
         if requeued:
             await conn.execute(
                 queries.PREEMPTED_REASONS,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import attrs
 
 from actors.heartbeat_policy import HeartbeatPolicy
+from runtime.gangs import GangSeat
 from runtime.jobs import JobSpec
 from runtime.reply import Reply
 
@@ -84,6 +85,8 @@ class CommittedAssignment:
     placed_before: bool = False
     """The job was placed before this assignment (a run lost, stopped or failed): its worker
     reports the start with a heartbeat pulled forward (:func:`agent.fence.early_heartbeat_allowed`)."""
+    gang: GangSeat | None = None
+    """A gang's task: its seat (rank, size, port, peers; docs/gangs.md); None: not a gang's task."""
 
 
 @attrs.frozen(kw_only=True)

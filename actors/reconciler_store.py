@@ -111,6 +111,7 @@ def _delivery(row: Any) -> Delivery:
             array_index=row["array_index"],
             array_id=row["array_id"],
             placed_before=bool(row["placed_before"]),
+            gang=queries.gang_seat_of(row),
         ),
         worker=WorkerRef(
             worker_id=row["worker_id"], address=row["address"], incarnation=int(row["incarnation"])

@@ -21,9 +21,12 @@ WORKER_ID = "STOCKADE_WORKER_ID"
 
 def job_environment(order: JobOrder) -> dict[str, str]:
     """The variables of ``order``'s job: :data:`JOB_ID` and :data:`ASSIGNMENT_ID`, and for a
-    task of an array :data:`ARRAY_ID` and :data:`ARRAY_INDEX`."""
+    task of an array :data:`ARRAY_ID` and :data:`ARRAY_INDEX`; for a gang's task its seat's
+    ``STOCKADE_GANG_*`` (:meth:`runtime.gangs.GangSeat.env`: id, rank, size, port, peers)."""
     env = {JOB_ID: str(order.job_id), ASSIGNMENT_ID: str(order.assignment_id)}
     if order.array_index is not None:
         env[ARRAY_INDEX] = str(order.array_index)
         env[ARRAY_ID] = str(order.array_id or order.job_id)
+    if order.gang is not None:
+        env.update(order.gang.env())
     return env

@@ -11,6 +11,7 @@ from enum import StrEnum
 
 import attrs
 
+from runtime.gangs import GangSeat
 from runtime.jobs import JobSpec
 from runtime.text import fit_line
 
@@ -92,6 +93,8 @@ class JobOrder:
     placed_before: bool = False
     """The job was placed before (moved, stopped or retried): its start pulls the next heartbeat
     forward."""
+    gang: GangSeat | None = None
+    """A gang's task: its seat in the gang (docs/gangs.md); None: not a gang's task."""
 
 
 @attrs.frozen(kw_only=True)

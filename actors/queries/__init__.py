@@ -13,11 +13,19 @@ from __future__ import annotations
 from actors.queries.database_watch import *  # noqa: F403
 from actors.queries.idempotent import AUDIT_PARAMS, once
 from actors.queries.ingest import *  # noqa: F403
-from actors.queries.jobs import JobColumns, job_column_arrays, job_columns, job_spec_of
+from actors.queries.jobs import JobColumns, gang_seat_of, job_column_arrays, job_columns, job_spec_of
 from actors.queries.lease import *  # noqa: F403
 from actors.queries.ledger import *  # noqa: F403
 from actors.queries.placer import *  # noqa: F403
 from actors.queries.reads import *  # noqa: F403
 from actors.queries.reconciler import *  # noqa: F403
 
-__all__ = ["AUDIT_PARAMS", "JobColumns", "job_column_arrays", "job_columns", "job_spec_of", "once"]
+__all__ = [
+    "AUDIT_PARAMS",
+    "JobColumns",
+    "gang_seat_of",
+    "job_column_arrays",
+    "job_columns",
+    "job_spec_of",
+    "once",
+]

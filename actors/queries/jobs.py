@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from runtime.constraints import Constraint
+from runtime.gangs import GangSeat
 from runtime.jobs import ArrayRange, CommandRuntime, ContainerRuntime, JobRuntime, JobSpec, SleepRuntime
 
 
@@ -80,6 +81,20 @@ def job_spec_of(row: Mapping[str, Any]) -> JobSpec:
         priority=int(priority),
         runtime=runtime,
         **_lifecycle(row),
+    )
+
+
+def gang_seat_of(row: Mapping[str, Any]) -> GangSeat | None:
+    """A gang task's seat from a row with :data:`GANG_SEAT`'s columns (``gang_id`` NULL or
+    absent: not a gang's task)."""
+    if row.get("gang_id") is None or row.get("gang_port") is None:
+        return None
+    return GangSeat(
+        gang_id=int(row["gang_id"]),
+        rank=int(row["gang_rank"]),
+        size=int(row["gang_size"]),
+        port=int(row["gang_port"]),
+        peers=tuple(row["gang_peers"] or ()),
     )
 
 
