@@ -14,11 +14,6 @@ from actors.pending_queue import PendingJob
 from actors.rooms import WorkerRoom
 from runtime.constraints import satisfied
 
-GANG_PORT_FIRST = 42000
-"""The first port of the range the leader gives gang tasks on every worker (docs/gangs.md)."""
-GANG_PORT_COUNT = 1000
-"""How many ports the range holds: most gang tasks active on one worker at once."""
-
 
 @attrs.frozen(kw_only=True)
 class GangTask:

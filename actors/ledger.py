@@ -17,7 +17,6 @@ import attrs
 import trio
 
 from actors import queries
-from actors.gangs import GANG_PORT_COUNT, GANG_PORT_FIRST
 from actors.messages import (
     CommitPlacements,
     CommittedAssignment,
@@ -336,8 +335,6 @@ class Ledger:
             _FENCING_ENABLED,
             [job_id for job_id, _ in message.reasons],
             [reason for _, reason in message.reasons],
-            GANG_PORT_FIRST,
-            GANG_PORT_COUNT,
         )
         placed = [row for row in rows if row["assignment_id"] is not None]
         argvs: dict[int, dict[str, Any]] = {}

@@ -9,6 +9,11 @@ from __future__ import annotations
 # lock commits or aborts; the leader's renewal (it changes only expires_at) does not.
 FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE"
 
+GANG_PORT_FIRST = 42000
+"""The first port of the range the leader gives gang tasks on every worker (docs/gangs.md)."""
+GANG_PORT_COUNT = 1000
+"""How many ports the range holds: most gang tasks active on one worker at once."""
+
 # A gang task's seat in its gang (docs/gangs.md), for a LATERAL join on its job ``j``: the gang's
 # id, size, the task's rank and its active assignment's port, and every task's host:port by rank
 # (the host of its worker's address) for the gang's newest attempt.
@@ -27,15 +32,15 @@ SELECT j.gang_id, j.gang_rank, g.size AS gang_size,
 # One round's placements as one fenced statement: the fence, the claim, the assignments and
 # the pending reasons commit together in one round trip (the statement is its own transaction).
 # $1 job ids, $2 worker ids, $3 incarnations, $4 epoch, $5 fenced (always true but in the
-# test-only negative control), $6 job ids and $7 reasons to store on jobs left pending, $8 the first
-# port and $9 how many ports of the gang port range (actors/gangs.py).
+# test-only negative control), $6 job ids and $7 reasons to store on jobs left pending.
 #
 # A gang's tasks (docs/gangs.md) are claimed all or none: ``gang_rows`` locks their live gangs and
 # then ``gang_tasks`` their tasks (FOR UPDATE, in that order, as schema.sql's gang_runs_ended
 # takes them), so that what ``gang_whole`` finds (every task of the gang among the placements,
 # pending, on an open worker, with a free port) still holds when ``claimed`` claims them. Each
-# task gets the lowest port of the range free on its worker (no active assignment there holds it;
-# ports of one statement by task id), and every assignment of the gang the gang's new attempt.
+# task gets the lowest port of the gang port range (GANG_PORT_FIRST, GANG_PORT_COUNT) free on its
+# worker (no active assignment there holds it; ports of one statement by task id), and every
+# assignment of the gang the gang's new attempt.
 #
 # The share lock on the lease row is taken before any row is written: every written row comes
 # from ``p`` or ``r``, which read ``allowed``, which reads ``fence``. Under READ COMMITTED a
@@ -61,7 +66,7 @@ SELECT j.gang_id, j.gang_rank, g.size AS gang_size,
 # ``claimed``. A CTE has no index and, planned generically, such a join is a nested loop: with
 # 2,000 placements it took 350 of the statement's 384 ms. The reasons skip placed jobs with a
 # hashed ``NOT IN`` (``<> ALL`` compared every reason with every placement).
-COMMIT_PLACEMENTS = """
+COMMIT_PLACEMENTS = f"""
 WITH fence AS (
     SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE
 ),
@@ -97,7 +102,8 @@ gang_tasks AS (
 ),
 gang_ported AS (
     SELECT r.*,
-           (SELECT port FROM generate_series($8::int, $8::int + $9::int - 1) AS port
+           (SELECT port
+              FROM generate_series({GANG_PORT_FIRST}, {GANG_PORT_FIRST + GANG_PORT_COUNT - 1}) AS port
              WHERE NOT EXISTS (SELECT 1 FROM assignments a
                                 WHERE a.worker_id = r.worker_id AND a.state = 'active'
                                   AND a.gang_port = port)
@@ -126,7 +132,7 @@ claimed AS (
  RETURNING nextval('assignments_id_seq') AS assignment_id, j.id, p.worker_id, p.incarnation,
            j.cpu_millis, j.memory_mb, j.name, j.priority, j.runtime, j.sleep_ms,
            j.attempts > 1 AS placed_before,
-           (j.argv IS NOT NULL OR j.timeout_ms IS NOT NULL OR j.env <> '{}'::jsonb OR j.workdir <> ''
+           (j.argv IS NOT NULL OR j.timeout_ms IS NOT NULL OR j.env <> '{{}}'::jsonb OR j.workdir <> ''
             OR j.array_index IS NOT NULL OR j.gang_id IS NOT NULL) AS has_payload,
            j.gang_id
 ),
@@ -134,8 +140,9 @@ created AS (
     INSERT INTO assignments (id, job_id, worker_id, worker_incarnation, cpu_millis, memory_mb, epoch,
                              gang_attempt, gang_port)
     SELECT c.assignment_id, c.id, c.worker_id, c.incarnation, c.cpu_millis, c.memory_mb, $4,
-           (SELECT g.attempts FROM gang_whole g WHERE g.id = c.gang_id),
-           (SELECT r.port FROM gang_ported r WHERE r.id = c.id)
+           CASE WHEN c.gang_id IS NOT NULL
+                THEN (SELECT g.attempts FROM gang_whole g WHERE g.id = c.gang_id) END,
+           CASE WHEN c.gang_id IS NOT NULL THEN (SELECT r.port FROM gang_ported r WHERE r.id = c.id) END
       FROM claimed c
 ),
 reasons AS (
