@@ -46,6 +46,8 @@ FIELDS: dict[str, str] = {
     "workdir": "text: the working directory, an absolute path on the worker",
     "after": "list of job ids: run once all of them have succeeded",
     "array": 'text: "FIRST-LAST[%MAX_RUNNING]", an array of tasks',
+    "tasks": "integer 1-256: a gang of this many tasks, placed all or nothing (docs/gangs.md)",
+    "spread": "true or false: a gang's tasks go to distinct workers",
 }
 """Every field of a job, with what it holds (``stockade run --help`` lists them)."""
 
@@ -59,6 +61,8 @@ OPTIONS = {
     "workdir": "--workdir",
     "after": "--after",
     "array": "--array",
+    "tasks": "--tasks",
+    "spread": "--spread",
 }
 """``stockade submit``'s option of each lifecycle field, as its errors name it (the older fields'
 errors keep the spec's names, but ``--image`` and ``--sleep-s``)."""
@@ -226,6 +230,8 @@ def spec_of_options(options: Mapping[str, Any]) -> JobSpec:
         fields["after"] = ids_option("after", options.get("after") or ())
         array = options.get("array")
         fields["array"] = None if array is None else parse_array(array, field="array")
+        fields["tasks"] = int_option("tasks", options.get("tasks"))
+        fields["spread"] = bool(options.get("spread")) or None
         return spec_of(fields)
     except InvalidArgument as exc:
         raise renamed(exc, option_field) from None
@@ -307,6 +313,8 @@ _READERS: dict[str, Callable[[str, Any], Any]] = {
     "workdir": _text,
     "after": _ids,
     "array": _array,
+    "tasks": _whole,
+    "spread": _flag,
 }
 """How each field's value in a file is read (its type; the rules are the spec's)."""
 assert _READERS.keys() == FIELDS.keys()
@@ -376,6 +384,8 @@ def fields_of(spec: JobSpec) -> dict[str, Any]:
             "workdir": spec.workdir or None,
             "after": list(spec.after),
             "array": spec.array.describe() if spec.array is not None else None,
+            "tasks": spec.tasks,
+            "spread": spec.spread,
         }
     )
     return fields

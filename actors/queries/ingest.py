@@ -176,7 +176,8 @@ SELECT coalesce(array_agg(i ORDER BY i), '{}') FROM unnest($1::bigint[]) AS i
 # of the array that has not ended (an array's id is its first task's). Pending or waiting:
 # cancelled at once. Assigned or running: the leader cancels it on its worker and ends the
 # assignment (a fenced write). A job that has ended is left as it is, but answered (a job of its
-# own; an array's id when every task has ended). Answer: one row (none: no such job): id, state
+# own; an array's id when every task has ended). A gang's task: every task of its gang, and the
+# gang is cancelled (docs/gangs.md). Answer: one row (none: no such job): id, state
 # (cancelled when any was cancelled at once, else the first's), cancel_requested (any), tasks
 # (how many the call cancelled or is cancelling, 0 for a job).
 CANCEL_JOB = once(
@@ -186,7 +187,7 @@ SELECT $1::bigint AS id,
        CASE WHEN bool_or(was_open AND state = 'cancelled') THEN 'cancelled'
             ELSE (array_agg(state ORDER BY id))[1] END AS state,
        bool_or(cancel_requested) AS cancel_requested,
-       CASE WHEN bool_or(array_id = $1::bigint) AND NOT $2::boolean
+       CASE WHEN (bool_or(array_id = $1::bigint) AND NOT $2::boolean) OR bool_or(gang_id IS NOT NULL)
             THEN count(*) FILTER (WHERE was_open) ELSE 0 END AS tasks
   FROM cancelled
 HAVING count(*) > 0
@@ -202,6 +203,9 @@ HAVING count(*) > 0
        AND ($3::text IS NULL OR owner = $3::text)
        AND (id = $1::bigint
             OR (NOT $2::boolean AND array_id = $1::bigint
+                AND state IN ('waiting', 'pending', 'assigned', 'running'))
+            -- a gang runs whole: a cancel of any of its tasks cancels every one (docs/gangs.md)
+            OR (gang_id = (SELECT g.gang_id FROM jobs g WHERE g.id = $1::bigint)
                 AND state IN ('waiting', 'pending', 'assigned', 'running')))
        FOR UPDATE
 ),
@@ -216,8 +220,12 @@ cancelled AS (
            finished_at = CASE WHEN j.state IN ('pending', 'waiting') THEN now() ELSE j.finished_at END
       FROM targets t
      WHERE j.id = t.id
- RETURNING j.id, j.array_id, j.state, j.cancel_requested,
+ RETURNING j.id, j.array_id, j.gang_id, j.state, j.cancel_requested,
            t.was IN ('waiting', 'pending', 'assigned', 'running') AS was_open
+),
+gang_cancelled AS (
+    UPDATE gangs g SET state = 'cancelled', detail = 'cancelled'
+     WHERE g.id IN (SELECT gang_id FROM cancelled) AND g.state = 'live'
 ),""",
 )
 

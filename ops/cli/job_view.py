@@ -128,6 +128,17 @@ def lifecycle_rows(info: Job) -> list[tuple[str, str]]:
         rows.append(("array", f"task {info.array_index} of array {info.array_id}"))
     elif spec.array is not None:
         rows.append(("array", f"{spec.array.describe()} ({spec.array.tasks} tasks)"))
+    if info.gang is not None:
+        gang = info.gang
+        spread = ", spread" if gang.spread else ""
+        rows.append(
+            (
+                "gang",
+                f"task {gang.rank} of gang {gang.gang_id} ({gang.size} tasks{spread}): {gang.state}, "
+                f"placed {gang.attempts} times, {gang.failures} attempts spent"
+                + (f"; {gang.detail}" if gang.detail else ""),
+            )
+        )
     if info.array_counts:
         rows.append(("tasks", "  ".join(f"{state} {count}" for state, count in info.array_counts)))
     return rows

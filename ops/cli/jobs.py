@@ -220,6 +220,19 @@ def submit(
             show_default=False,
         ),
     ] = None,
+    tasks: Annotated[
+        str | None,
+        typer.Option(
+            metavar="N",
+            help="Submit a gang of N tasks (1-256) placed all or nothing, each with STOCKADE_GANG_RANK, "
+            "STOCKADE_GANG_SIZE, STOCKADE_GANG_PORT and STOCKADE_GANG_PEERS; one failing stops the "
+            "others and the gang runs again whole (docs/gangs.md).",
+            show_default=False,
+        ),
+    ] = None,
+    spread: Annotated[
+        bool, typer.Option("--spread", help="Put a gang's tasks on distinct workers (with --tasks).")
+    ] = False,
     idempotency_key: IdempotencyKeyOption = None,
     control_planes: ControlPlanesOption = None,
 ) -> None:
@@ -251,6 +264,8 @@ def submit(
                 "workdir": workdir,
                 "after": after or [],
                 "array": array,
+                "tasks": tasks,
+                "spread": spread,
             }
         )
         (job_id,) = _submit(

@@ -220,3 +220,11 @@ async def test_a_gang_succeeds_when_every_task_did(cluster: Cluster) -> None:
     assert await cluster.partial() == 0
     await cluster.heartbeat("w-1", one, succeeded(placed[tasks[1]], tasks[1]))
     assert (await cluster.gang(tasks[0]))["state"] == "succeeded"
+
+
+async def test_a_cancel_of_one_task_cancels_the_whole_gang(cluster: Cluster) -> None:
+    """Cancelling any task of a pending gang cancels every task and the gang."""
+    tasks = await cluster.submit_gang(3)
+    await cluster.cp.call("cancel_job", pb.CancelJobRequest(job_id=tasks[1]))
+    assert await cluster.states(tasks) == ["cancelled"] * 3
+    assert (await cluster.gang(tasks[0]))["state"] == "cancelled"

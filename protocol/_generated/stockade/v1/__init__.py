@@ -32,6 +32,7 @@ __all__ = (
     "JobArray",
     "JobCount",
     "JobEvent",
+    "JobGang",
     "JobInfo",
     "JobOutcome",
     "JobSpec",
@@ -771,6 +772,41 @@ default_message_pool.register_message("stockade.v1", "JobEvent", JobEvent)
 
 
 @dataclass(eq=False, repr=False)
+class JobGang(betterproto2.Message):
+    """
+    A gang task's gang as a job's details show it (JobInfo.gang).
+    """
+
+    gang_id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
+
+    rank: "int" = betterproto2.field(2, betterproto2.TYPE_UINT32)
+
+    size: "int" = betterproto2.field(3, betterproto2.TYPE_UINT32)
+
+    spread: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
+
+    state: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    live, succeeded, failed, cancelled
+    """
+
+    attempts: "int" = betterproto2.field(6, betterproto2.TYPE_UINT32)
+    """
+    How many times it was placed whole, and the attempts spent (a task failed or was lost).
+    """
+
+    failures: "int" = betterproto2.field(7, betterproto2.TYPE_UINT32)
+
+    detail: "str" = betterproto2.field(8, betterproto2.TYPE_STRING)
+    """
+    Why its last attempt broke, or why it failed.
+    """
+
+
+default_message_pool.register_message("stockade.v1", "JobGang", JobGang)
+
+
+@dataclass(eq=False, repr=False)
 class JobInfo(betterproto2.Message):
     job_id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
 
@@ -847,6 +883,11 @@ class JobInfo(betterproto2.Message):
     owner: "str" = betterproto2.field(23, betterproto2.TYPE_STRING)
     """
     The account that submitted it (docs/accounts.md).
+    """
+
+    gang: "JobGang | None" = betterproto2.field(70, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    A gang's task (docs/gangs.md): its gang and where the gang stands (unset: not a task).
     """
 
 
