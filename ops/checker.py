@@ -56,6 +56,8 @@ class AssignmentRecord:
     outcome: str | None = None
     """The outcome (succeeded, failed) the worker reported for it, also one reported after the
     assignment had been ended as lost (a late report); None if none."""
+    gang_attempt: int | None = None
+    """A gang task's run: the gang's attempt it belongs to (docs/gangs.md); None: not a gang's."""
 
     @property
     def success_recorded(self) -> bool:
@@ -72,6 +74,21 @@ class DeathRecord:
     epoch: int
     declared_at: float
     last_heartbeat_at: float
+
+
+@attrs.frozen(kw_only=True)
+class GangAttemptRecord:
+    """One attempt of a gang as the database holds it: its assignments, in how many transactions
+    (distinct ``created_at``: ``now()`` is the transaction's start) and epochs they were
+    committed, and whether every one of them ended with a success."""
+
+    gang_id: int
+    attempt: int
+    size: int
+    assignment_ids: tuple[int, ...]
+    transactions: int
+    epochs: int
+    succeeded: bool
 
 
 @attrs.frozen(kw_only=True)
@@ -93,7 +110,11 @@ class History:
     ``failed`` or ``cancelled`` when a task was); those missing read as the job's own state."""
     job_attempts: dict[int, tuple[int, int]] = attrs.field(factory=dict)
     """Job id -> (attempts it spent, its max_attempts), from ``jobs.failures`` and
-    ``jobs.max_attempts``."""
+    ``jobs.max_attempts`` (a gang's task: its gang's attempts spent, ``gangs.failures``)."""
+    gang_attempts: tuple[GangAttemptRecord, ...] = ()
+    """Every attempt of every gang (its assignments grouped by gang and ``gang_attempt``)."""
+    partial_gangs: int = 0
+    """Rows of the view ``partial_gangs`` when the history was read (docs/gangs.md)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -183,6 +204,11 @@ class CheckReport:
     (:func:`wrong_final_states`), or the state their submitter expected."""
     unfinished_states: dict[str, int] = attrs.field(factory=dict)
     """The unfinished jobs by state (``pending``, ``waiting``, ``assigned``, ``running``)."""
+    gang_violations: int = 0
+    """Gang attempts not committed whole in one transaction, or that ran part of their tasks
+    (:func:`ops.invariants.gang_violations`), and partial gangs holding resources at the read."""
+    gang_attempts: int = 0
+    """Gang attempts committed (counted)."""
     preemptions: int = 0
     """Assignments a preemption ended (stopped, ``preempted``): counted, not judged; a preempted
     run followed by a new run of its job is not a double run (:func:`ops.invariants.double_runs`)."""
@@ -200,6 +226,7 @@ class CheckReport:
             and self.jobs_killed_by_outage == 0
             and self.acknowledged_submissions_lost == 0
             and self.wrong_final_states == 0
+            and self.gang_violations == 0
             and (not self.unfinished_job_ids or not self.finish_required)
         )
 
@@ -237,6 +264,8 @@ class CheckReport:
             "jobs_killed_by_outage": self.jobs_killed_by_outage,
             "acknowledged_submissions_lost": self.acknowledged_submissions_lost,
             "wrong_final_states": self.wrong_final_states,
+            "gang_violations": self.gang_violations,
+            "gang_attempts": self.gang_attempts,
             "details": list(self.details),
             "ok": self.ok,
         }
@@ -267,6 +296,11 @@ def report_rows(report: CheckReport) -> list[VerdictRow]:
             report.acknowledged_submissions_lost == 0,
         ),
         ("wrong_final_states", str(report.wrong_final_states), report.wrong_final_states == 0),
+        (
+            "gang_violations",
+            f"{report.gang_violations} of {report.gang_attempts} attempts",
+            report.gang_violations == 0,
+        ),
         ("stale_writes_rejected", str(report.stale_writes_rejected), None),
         (
             "elections / worker_deaths / pauses / self_fences",
@@ -483,7 +517,7 @@ def check_logs(
 ASSIGNMENT_HISTORY = """
 SELECT id AS assignment_id, job_id, worker_id, worker_incarnation AS incarnation, epoch, state,
        end_reason, outcome, extract(epoch FROM created_at)::float8 AS created_at,
-       extract(epoch FROM ended_at)::float8 AS ended_at
+       extract(epoch FROM ended_at)::float8 AS ended_at, gang_attempt
   FROM assignments ORDER BY id
 """
 DEATH_HISTORY = """
@@ -491,7 +525,21 @@ SELECT worker_id, incarnation, epoch, extract(epoch FROM declared_at)::float8 AS
        extract(epoch FROM last_heartbeat_at)::float8 AS last_heartbeat_at
   FROM worker_deaths ORDER BY id
 """
-JOB_STATES = "SELECT id, state, failures, max_attempts FROM jobs"
+JOB_STATES = """
+SELECT j.id, j.state, coalesce(g.failures, j.failures) AS failures, j.max_attempts
+  FROM jobs j LEFT JOIN gangs g ON g.id = j.gang_id
+"""
+GANG_ATTEMPTS = """
+SELECT g.id AS gang_id, a.gang_attempt AS attempt, g.size,
+       array_agg(a.id ORDER BY a.id) AS assignment_ids,
+       count(DISTINCT a.created_at)::int AS transactions, count(DISTINCT a.epoch)::int AS epochs,
+       bool_and(a.state = 'finished' AND a.outcome IS NOT DISTINCT FROM 'succeeded') AS succeeded
+  FROM assignments a JOIN jobs j ON j.id = a.job_id JOIN gangs g ON g.id = j.gang_id
+ WHERE a.gang_attempt IS NOT NULL
+ GROUP BY g.id, a.gang_attempt, g.size
+ ORDER BY g.id, a.gang_attempt
+"""
+PARTIAL_GANGS = "SELECT count(*) FROM partial_gangs"
 STALE_WRITES = "SELECT count(*) FROM stale_writes"
 ELECTIONS = "SELECT count(*) FROM lease_history"
 LEAVES = "SELECT count(*) FROM worker_leaves"
@@ -566,7 +614,14 @@ async def load_history(database_url: str) -> History:
         elections = int(await conn.fetchval(ELECTIONS))
         leaves = int(await conn.fetchval(LEAVES))
         dependency_cancels = await conn.fetch(DEPENDENCY_CANCELS)
+        gang_attempts = await conn.fetch(GANG_ATTEMPTS)
+        partial = int(await conn.fetchval(PARTIAL_GANGS))
     return History(
+        gang_attempts=tuple(
+            GangAttemptRecord(**{**dict(r), "assignment_ids": tuple(r["assignment_ids"])})
+            for r in gang_attempts
+        ),
+        partial_gangs=partial,
         assignments=tuple(AssignmentRecord(**dict(r)) for r in rows),
         deaths=tuple(DeathRecord(**dict(r)) for r in deaths),
         job_states={r["id"]: r["state"] for r in jobs},

@@ -385,7 +385,7 @@ def fields_of(spec: JobSpec) -> dict[str, Any]:
             "after": list(spec.after),
             "array": spec.array.describe() if spec.array is not None else None,
             "tasks": spec.tasks,
-            "spread": spec.spread,
+            "spread": spec.spread or None,
         }
     )
     return fields

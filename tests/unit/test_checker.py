@@ -113,6 +113,8 @@ def test_a_clean_run_passes() -> None:
         "jobs_killed_by_outage": 0,
         "acknowledged_submissions_lost": 0,
         "wrong_final_states": 0,
+        "gang_violations": 0,
+        "gang_attempts": 0,
         "details": [],
         "ok": True,
     }

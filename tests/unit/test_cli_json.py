@@ -29,6 +29,8 @@ FIELD_KEYS = [
     "workdir",
     "after",
     "array",
+    "tasks",
+    "spread",
 ]
 """The fields of a command job, in order, as a job file holds them (``ops.jobfields.fields_of``)."""
 STATUS_KEYS = [
@@ -124,6 +126,8 @@ def test_job_json_is_a_job_file_with_a_status(answers: list[tuple[str, Any]]) ->
         "workdir": None,
         "after": [],
         "array": None,
+        "tasks": None,
+        "spread": None,
     }
     assert list(data["status"]) == STATUS_KEYS
     assert data["status"] == {
