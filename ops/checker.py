@@ -598,6 +598,16 @@ async def registered_workers(database_url: str) -> frozenset[str]:
         return frozenset(r["id"] for r in await conn.fetch(REGISTERED_WORKERS))
 
 
+async def partial_gangs(database_url: str) -> int:
+    """How many gangs hold resources partially now (the view ``partial_gangs``; docs/gangs.md).
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached.
+    """
+    async with _connection(database_url) as conn:
+        return int(await conn.fetchval(PARTIAL_GANGS))
+
+
 async def load_history(database_url: str) -> History:
     """Read the history from the database (needs the asyncio bridge open).
 
