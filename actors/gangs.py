@@ -61,6 +61,7 @@ class GangQueue:
     _since: dict[int, float] = attrs.field(factory=dict)
     version: int = 0
     """Bumped at every change, so a round can tell that nothing changed."""
+    _whole: tuple[int, list[PendingGang]] | None = None
 
     def __len__(self) -> int:
         return sum(len(t) for t in self._tasks.values())
@@ -123,9 +124,13 @@ class GangQueue:
             for rank, (job, task, _reason, wait) in held.items():
                 if job.job_id in by_id:
                     held[rank] = (job, task, by_id[job.job_id], wait)
+                    self._whole = None
 
     def whole(self) -> list[PendingGang]:
-        """The gangs all of whose tasks are held, by priority (highest first), then gang id."""
+        """The gangs all of whose tasks are held, by priority (highest first), then gang id
+        (worked out again only after a change)."""
+        if self._whole is not None and self._whole[0] == self.version:
+            return self._whole[1]
         gangs = []
         for gang_id, held in self._tasks.items():
             first = next(iter(held.values()))[1]
@@ -143,7 +148,9 @@ class GangQueue:
                     reasons={job.job_id: reason for job, _, reason, _ in ranked if reason},
                 )
             )
-        return sorted(gangs, key=lambda g: (-g.job.priority, g.gang_id))
+        ordered = sorted(gangs, key=lambda g: (-g.job.priority, g.gang_id))
+        self._whole = (self.version, ordered)
+        return ordered
 
 
 @attrs.frozen(kw_only=True)
@@ -196,14 +203,27 @@ def unschedulable_reason(gang: PendingGang, rooms: Sequence[WorkerRoom]) -> str 
     """Why ``gang`` can never be placed on these workers as they are (each empty), or None when
     it could be: with spread, fewer than ``size`` eligible workers have the capacity for one
     task; without, the eligible workers' capacities hold fewer than ``size`` tasks at once."""
+    cap_cpu = np.array([r.cpu_millis for r in rooms], dtype=np.int64)
+    cap_mem = np.array([r.memory_mb for r in rooms], dtype=np.int64)
+    return _never(gang, _eligible(gang.job, rooms), cap_cpu, cap_mem)
+
+
+def _eligible(job: PendingJob, rooms: Sequence[WorkerRoom]) -> np.ndarray:
+    """Which of ``rooms`` may take ``job`` at all: containers and constraints."""
+    return np.array(
+        [
+            (r.runs_containers or not job.needs_container) and satisfied(job.constraints, r.labels)
+            for r in rooms
+        ],
+        dtype=bool,
+    )
+
+
+def _never(gang: PendingGang, eligible: np.ndarray, cap_cpu: np.ndarray, cap_mem: np.ndarray) -> str | None:
+    """:func:`unschedulable_reason` on the workers' capacities and eligibility as arrays."""
     job = gang.job
-    eligible = [
-        r
-        for r in rooms
-        if (r.runs_containers or not job.needs_container) and satisfied(job.constraints, r.labels)
-    ]
-    holds = [min(r.cpu_millis // job.cpu_millis, r.memory_mb // job.memory_mb) for r in eligible]
-    able = sum(1 for n in holds if n > 0)
+    holds = np.minimum(cap_cpu // job.cpu_millis, cap_mem // job.memory_mb) * eligible
+    able = int(np.count_nonzero(holds > 0))
     need = f"room for {job.cpu_millis} cpu_millis, {job.memory_mb} memory_mb"
     if gang.spread:
         if able >= gang.size:
@@ -212,11 +232,12 @@ def unschedulable_reason(gang: PendingGang, rooms: Sequence[WorkerRoom]) -> str 
             f"unschedulable: gang of {gang.size} needs {gang.size} workers with {need}; "
             f"{able} live workers have it"
         )
-    if sum(holds) >= gang.size:
+    total = int(holds.sum())
+    if total >= gang.size:
         return None
     return (
         f"unschedulable: gang of {gang.size} needs {need} for each task; "
-        f"the {able} live workers with it hold {sum(holds)} at once"
+        f"the {able} live workers with it hold {total} at once"
     )
 
 
@@ -266,23 +287,46 @@ def place_gangs(
     def tell(gang: PendingGang, reason: str) -> None:
         reasons.extend((t, reason) for t in gang.task_ids if gang.reasons.get(t, "") != reason)
 
+    # Per shape (size, spread, cpu, mem, container, constraints): whether it can ever fit, worked
+    # out once a round; eligibility per (container, constraints).
+    eligible_of: dict[tuple[bool, tuple[object, ...]], np.ndarray] = {}
+    never_of: dict[tuple[object, ...], str | None] = {}
+    fits_of: dict[tuple[object, ...], int] = {}
+    changes = 0
     for gang in gangs:
         if gang.not_before > now:
             continue
         job = gang.job
         cpu, mem = job.cpu_millis, job.memory_mb
-        never = unschedulable_reason(gang, ordered)
+        group = (job.needs_container, job.constraints)
+        eligible = eligible_of.get(group)
+        if eligible is None:
+            eligible = eligible_of[group] = _eligible(job, ordered)
+        shape = (gang.size, gang.spread, cpu, mem, group)
+        if shape not in never_of:
+            never_of[shape] = _never(gang, eligible, cap_cpu, cap_mem)
+        never = never_of[shape]
         if never is not None:
             tell(gang, never)
             continue
-        allowed = np.array(
-            [
-                (r.runs_containers or not job.needs_container) and satisfied(job.constraints, r.labels)
-                for r in ordered
-            ],
-            dtype=bool,
-        )
-        allowed &= open_
+        allowed = eligible & open_
+        # Tasks of one size: best fit one by one succeeds exactly when the free rooms hold them
+        # all at once (one per worker with spread), so a gang that does not fit costs no loop;
+        # how many fit is worked out once per shape until the rooms change.
+        key = (changes, gang.spread, cpu, mem, group)
+        fits_now = fits_of.get(key)
+        if fits_now is None:
+            room = np.minimum(np.maximum(free_cpu, 0) // cpu, np.maximum(free_mem, 0) // mem)
+            room = np.minimum(room, left) * allowed
+            fits_now = fits_of[key] = int(np.count_nonzero(room > 0)) if gang.spread else int(room.sum())
+        if fits_now < gang.size:
+            tell(gang, waiting_reason(gang))
+            if len(set(reserved.values())) < max_reservations and now - gang.since >= reserve_after_s:
+                for k in _reserve(gang, allowed, free_cpu, free_mem, cap_cpu, cap_mem):
+                    reserved[names[k]] = gang.gang_id
+                    open_[k] = False
+                    changes += 1
+            continue
         try_cpu, try_mem, try_left = free_cpu.copy(), free_mem.copy(), left.copy()
         unused = np.ones(len(ordered), dtype=bool)
         chosen: list[int] = []
@@ -301,13 +345,10 @@ def place_gangs(
             chosen.append(k)
         if len(chosen) == gang.size:
             free_cpu, free_mem, left = try_cpu, try_mem, try_left
+            changes += 1
             placements.extend((t, names[k]) for t, k in zip(gang.task_ids, chosen, strict=True))
             continue
         tell(gang, waiting_reason(gang))
-        if len(set(reserved.values())) < max_reservations and now - gang.since >= reserve_after_s:
-            for k in _reserve(gang, allowed, free_cpu, free_mem, cap_cpu, cap_mem):
-                reserved[names[k]] = gang.gang_id
-                open_[k] = False
     return GangPlan(placements=tuple(placements), reasons=tuple(reasons), reserved=reserved)
 
 
