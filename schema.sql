@@ -873,6 +873,29 @@ CREATE OR REPLACE TRIGGER assignments_gang_runs_ended AFTER UPDATE ON assignment
     REFERENCING OLD TABLE AS gang_before_rows NEW TABLE AS gang_after_rows
     FOR EACH STATEMENT EXECUTE FUNCTION gang_runs_ended();
 
+-- A late outcome (record_outcomes: a run's report that came after the leader had ended it as
+-- lost) never ends a task of a live gang on its own: the gang's attempt broke with that loss and
+-- its tasks run again together, so the task stays pending (a report of success or failure of a
+-- run of an attempt that broke changes nothing but the assignment's recorded outcome). A gang
+-- that failed or was cancelled ends its tasks itself (gang_runs_ended, CANCEL_JOB), after it is
+-- no longer live.
+CREATE OR REPLACE FUNCTION gang_task_stays_pending() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM gangs g WHERE g.id = NEW.gang_id AND g.state = 'live') THEN
+        NEW.state := OLD.state;
+        NEW.failures := OLD.failures;
+        NEW.started_at := OLD.started_at;
+        NEW.finished_at := OLD.finished_at;
+        NEW.reason := OLD.reason;
+        NEW.exit_code := OLD.exit_code;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE OR REPLACE TRIGGER jobs_gang_task_stays_pending BEFORE UPDATE OF state ON jobs
+    FOR EACH ROW WHEN (OLD.gang_id IS NOT NULL AND OLD.state = 'pending'
+                       AND NEW.state IN ('succeeded', 'failed'))
+    EXECUTE FUNCTION gang_task_stays_pending();
+
 -- The gangs holding resources partially (docs/gangs.md, "No partial gang"): a live gang whose
 -- newest attempt has tasks with an active assignment not asked to stop while another of its
 -- tasks has neither such an assignment nor a success in that attempt. Empty in every committed

@@ -228,3 +228,25 @@ async def test_a_cancel_of_one_task_cancels_the_whole_gang(cluster: Cluster) -> 
     await cluster.cp.call("cancel_job", pb.CancelJobRequest(job_id=tasks[1]))
     assert await cluster.states(tasks) == ["cancelled"] * 3
     assert (await cluster.gang(tasks[0]))["state"] == "cancelled"
+
+
+async def test_a_late_success_of_a_lost_task_leaves_it_pending_with_its_gang(cluster: Cluster) -> None:
+    """A task lost with its worker whose success is reported late stays pending: its gang's
+    attempt broke, and it runs again with the others."""
+    one = await cluster.register("w-1", "10.0.0.1:9000")
+    two = await cluster.register("w-2", "10.0.0.2:9000")
+    tasks = await cluster.submit_gang(2, max_attempts=3, spread=True)
+    placed = await cluster.place([(tasks[0], "w-1", one), (tasks[1], "w-2", two)])
+    await cluster.admin.execute("UPDATE workers SET state = 'dead' WHERE id = 'w-2'")
+    await cluster.admin.fetchrow(queries.END_ORPHANED_ASSIGNMENTS, EPOCH, [], 500)
+    two = await cluster.register("w-2", "10.0.0.2:9000")
+    await cluster.cp.call(
+        "heartbeat",
+        pb.HeartbeatRequest(
+            worker_id="w-2", incarnation=two, finished=[succeeded(placed[tasks[1]], tasks[1])]
+        ),
+    )
+    outcome = await cluster.admin.fetchval("SELECT outcome FROM assignments WHERE id = $1", placed[tasks[1]])
+    assert outcome == "succeeded"
+    await cluster.stop_marked()
+    assert await cluster.states(tasks) == ["pending", "pending"]
