@@ -88,7 +88,8 @@ class ChaosSettings:
     3 in turn; max_priority :data:`HIGH_PRIORITY`); 1: every job is the operator's."""
     gangs: bool = False
     """Mix gangs into the jobs (docs/gangs.md): every :data:`GANG_EVERY`-th submission is a gang of
-    2 to 8 sleep tasks (spread every other one, ``max_attempts`` :data:`GANG_MAX_ATTEMPTS`),
+    2 to 8 sleep tasks (every other one spread when smaller than ``workers``, ``max_attempts``
+    :data:`GANG_MAX_ATTEMPTS`),
     and the database is sampled for partial gangs every :data:`GANG_SAMPLE_EVERY_S`."""
     preemption: bool = False
     """Run the control planes with preemption on (``--preemption``, a grace of

@@ -7,9 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import trio
 from test_cluster import Launch, fetch, launch, wait_for
 
 from ops import rpc
+from ops.chaos import Harness
+from ops.chaosresult import ChaosSettings
+from ops.cluster import LocalCluster
 from protocol import pb
 
 pytestmark = pytest.mark.e2e
@@ -78,3 +82,24 @@ def test_a_gang_is_placed_again_whole_after_a_worker_holding_a_task_is_killed(
     ]
     assert sorted(p[0] for p in printed) == ["0", "1", "2"]
     assert all(p[1] == "3" and len(p[3].split(",")) == 3 for p in printed)
+
+
+async def test_a_short_chaos_run_with_gangs_never_holds_a_partial_gang(
+    tmp_path: Path, database_url: str
+) -> None:
+    """Failovers and worker kills under a job stream with gangs of 2 to 8 tasks: every job
+    finishes, the checker finds every gang attempt committed whole, and no sample of the
+    database found a partial gang."""
+    cluster = LocalCluster(tmp_path / "chaos", database_url=database_url)
+    settings = ChaosSettings(
+        failovers=4, worker_kills=2, workers=5, submit_rate_per_s=6.0, seed=4, gangs=True
+    )
+    try:
+        result = await Harness(settings=settings, cluster=cluster, progress=lambda line: None).run()
+    finally:
+        await trio.to_thread.run_sync(cluster.down)
+    data = result.to_json()
+    assert data["gangs_submitted"] > 0 and data["gang_samples"] > 0
+    assert (data["samples_with_partial_gangs"], data["gang_violations"]) == (0, 0), data["details"]
+    assert data["jobs_finished"] + len(data["unfinished_job_ids"]) == data["jobs_submitted"]
+    assert result.ok, data["details"]
