@@ -66,6 +66,8 @@ def _job_ids(ids: Sequence[int]) -> str:
 def describe(rpc: str, answer: Sequence[Mapping[str, Any]]) -> str:
     """What a stored call did, from its RPC and its stored answer: ``"it created jobs 17, 18,
     19"``, ``"it created array 17 (100 tasks)"``, ``"it cancelled job 17 (cancelled)"``, ..."""
+    if rpc == "submit_job" and answer and answer[0].get("gang"):
+        return f"it created gang {answer[0]['id']} ({answer[0]['tasks']} tasks)"
     if rpc == "submit_job" and answer and int(answer[0].get("tasks", 1)) > 1:
         return f"it created array {answer[0]['id']} ({answer[0]['tasks']} tasks)"
     if rpc in ("submit_job", "submit_jobs"):

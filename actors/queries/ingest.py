@@ -22,15 +22,16 @@ from actors.queries.idempotent import once
 # nothing when one does not exist (its answer is then empty and no key is kept: the caller names
 # the missing ids). A task is waiting while a dependency has not succeeded, or while it is beyond
 # its array's limit (its position k from 1 above the limit); else pending. Answer: one row, id
-# (the job's, or the array's) and tasks (how many rows). Refused whole when $22 is above the
-# owner's max_priority (SQLSTATE SK002), or when its rows would take the owner's pending and
+# (the job's, or the array's or gang's), tasks (how many rows) and gang (whether a gang). Refused
+# whole when $22 is above the owner's max_priority (SQLSTATE SK002), or when its rows would take the owner's pending and
 # waiting jobs over its max_pending (SK001) (schema.sql, check_submission; a replay is not checked).
 # $23 a gang's tasks (NULL: not a gang) and $24 whether they spread: one row per task, ranks 0 to
 # $23 - 1, gang_id the first task's id, and the gang's row (docs/gangs.md).
 SUBMIT_JOB = once(
     "submit_job",
     """
-SELECT min(id) AS id, count(*) AS tasks FROM inserted HAVING count(*) > 0
+SELECT min(id) AS id, count(*) AS tasks, bool_or(gang_id IS NOT NULL) AS gang FROM inserted
+HAVING count(*) > 0
 """,
     params=24,
     action="submit",
@@ -80,7 +81,7 @@ inserted AS (
            CASE WHEN $23::int IS NULL THEN NULL ELSE t.i END
       FROM first f, deps, tasks t
      ORDER BY t.k
- RETURNING id
+ RETURNING id, gang_id
 ),""",
 )
 
