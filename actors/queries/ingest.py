@@ -23,8 +23,9 @@ from actors.queries.idempotent import once
 # the missing ids). A task is waiting while a dependency has not succeeded, or while it is beyond
 # its array's limit (its position k from 1 above the limit); else pending. Answer: one row, id
 # (the job's, or the array's or gang's), tasks (how many rows) and gang (whether a gang). Refused
-# whole when $22 is above the owner's max_priority (SQLSTATE SK002), or when its rows would take the owner's pending and
-# waiting jobs over its max_pending (SK001) (schema.sql, check_submission; a replay is not checked).
+# whole when $22 is above the owner's max_priority (SQLSTATE SK002), or when its rows would take
+# the owner's pending and waiting jobs over its max_pending (SK001) (schema.sql,
+# check_submission; a replay is not checked).
 # $23 a gang's tasks (NULL: not a gang) and $24 whether they spread: one row per task, ranks 0 to
 # $23 - 1, gang_id the first task's id, and the gang's row (docs/gangs.md).
 SUBMIT_JOB = once(
