@@ -793,9 +793,10 @@ END $$;
 -- - the first end of a task of the gang's newest attempt other than a success breaks that
 --   attempt: it spends one of the gang's attempts when the run failed or was lost (counted, or
 --   lost), the gang's other active tasks of that attempt are asked to stop (the preemption's stop,
---   preempted_by NULL: queries.PREEMPT_DUE_ASSIGNMENTS), and its tasks that had succeeded in it
---   are pending again (the gang runs again whole); the gang fails once its attempts are spent,
---   and is cancelled when a task's cancel was asked;
+--   preempted_by NULL: queries.PREEMPT_DUE_ASSIGNMENTS), and its tasks that succeeded in it
+--   (before the break, or after it: a stop too late) are pending again (the gang runs again
+--   whole); the gang fails once its attempts are spent, and is cancelled when a task's cancel was
+--   asked;
 -- - a gang that failed or was cancelled takes its pending and waiting tasks with it (each task
 --   that still runs becomes pending when its stop ends it, and is ended then);
 -- - a gang all of whose tasks succeeded has succeeded.
@@ -846,16 +847,18 @@ BEGIN
           FROM broke b JOIN jobs j ON j.gang_id = b.id
          WHERE a.job_id = j.id AND a.state = 'active' AND a.gang_attempt = b.attempt
            AND a.preempt_requested_at IS NULL
-    ),
-    again AS (
-        UPDATE jobs j
-           SET state = 'pending', started_at = NULL, finished_at = NULL, exit_code = NULL,
-               pending_seq = nextval('pending_seq'), pending_xid = pg_current_xact_id()::text::bigint,
-               not_before = NULL, reason = ''
-          FROM broke b
-         WHERE j.gang_id = b.id AND b.state = 'live' AND j.state = 'succeeded'
     )
     SELECT coalesce(array_agg(DISTINCT gang_id), '{}') INTO touched FROM ended;
+
+    -- A live gang whose newest attempt broke runs again whole: its tasks that succeeded in it
+    -- (before the break, or after it, their stop too late) are pending again.
+    UPDATE jobs j
+       SET state = 'pending', started_at = NULL, finished_at = NULL, exit_code = NULL,
+           pending_seq = nextval('pending_seq'), pending_xid = pg_current_xact_id()::text::bigint,
+           not_before = NULL, reason = ''
+      FROM gangs g
+     WHERE g.id = ANY(touched) AND g.state = 'live' AND g.broken = g.attempts
+       AND j.gang_id = g.id AND j.state = 'succeeded';
 
     UPDATE jobs j
        SET state = g.state, reason = '', finished_at = now(),

@@ -250,3 +250,18 @@ async def test_a_late_success_of_a_lost_task_leaves_it_pending_with_its_gang(clu
     assert outcome == "succeeded"
     await cluster.stop_marked()
     assert await cluster.states(tasks) == ["pending", "pending"]
+
+
+async def test_a_task_that_succeeds_after_its_attempt_broke_runs_again_with_its_gang(
+    cluster: Cluster,
+) -> None:
+    """The stop of a task races its own success: the success is recorded, and the task is pending
+    again with the others, so the gang runs again whole."""
+    one = await cluster.register("w-1", "10.0.0.1:9000")
+    tasks = await cluster.submit_gang(2, max_attempts=2)
+    placed = await cluster.place([(t, "w-1", one) for t in tasks])
+    await cluster.heartbeat("w-1", one, failed(placed[tasks[0]], tasks[0]))
+    await cluster.heartbeat("w-1", one, succeeded(placed[tasks[1]], tasks[1]))
+    assert await cluster.stop_marked() == []
+    assert await cluster.states(tasks) == ["pending", "pending"]
+    assert (await cluster.gang(tasks[0]))["failures"] == 1
