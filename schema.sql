@@ -575,7 +575,8 @@ SELECT a.name, a.cpu_millis, a.memory_mb,
 -- One row (dep, state) per job id in p_after that exists (actors/dependencies.py). A job stands
 -- for itself; an array's id (its first task's) for the whole array, as Slurm's
 -- afterok:<array job id>: 'failed' when a task failed, else 'cancelled' when one was,
--- 'succeeded' when every task did, else 'unfinished'. Index jobs_by_array and the primary key.
+-- 'succeeded' when every task did, else 'unfinished'; a gang's id (its rank 0 task's) likewise
+-- for the whole gang (docs/gangs.md). Indexes jobs_by_array, jobs_by_gang and the primary key.
 CREATE OR REPLACE FUNCTION dependency_states(p_after bigint[])
 RETURNS TABLE (dep bigint, state text) LANGUAGE sql STABLE AS $$
     SELECT m.dep, CASE WHEN bool_or(m.state = 'failed') THEN 'failed'
@@ -585,8 +586,11 @@ RETURNS TABLE (dep bigint, state text) LANGUAGE sql STABLE AS $$
                        ELSE 'unfinished' END AS state
       FROM (SELECT d.id AS dep, d.state FROM jobs d
              WHERE d.id = ANY(p_after) AND d.array_id IS DISTINCT FROM d.id
+               AND d.gang_id IS DISTINCT FROM d.id
             UNION ALL
-            SELECT t.array_id, t.state FROM jobs t WHERE t.array_id = ANY(p_after)) m
+            SELECT t.array_id, t.state FROM jobs t WHERE t.array_id = ANY(p_after)
+            UNION ALL
+            SELECT t.gang_id, t.state FROM jobs t WHERE t.gang_id = ANY(p_after)) m
      GROUP BY m.dep
 $$;
 

@@ -265,3 +265,15 @@ async def test_a_task_that_succeeds_after_its_attempt_broke_runs_again_with_its_
     assert await cluster.stop_marked() == []
     assert await cluster.states(tasks) == ["pending", "pending"]
     assert (await cluster.gang(tasks[0]))["failures"] == 1
+
+
+async def test_a_gangs_id_as_a_dependency_stands_for_the_whole_gang(cluster: Cluster) -> None:
+    """A job after a gang's id waits until every task of the gang succeeded."""
+    one = await cluster.register("w-1", "10.0.0.1:9000")
+    tasks = await cluster.submit_gang(2)
+    placed = await cluster.place([(t, "w-1", one) for t in tasks])
+    await cluster.heartbeat("w-1", one, succeeded(placed[tasks[0]], tasks[0]))
+    states = "SELECT state FROM dependency_states($1::bigint[])"
+    assert await cluster.admin.fetchval(states, [tasks[0]]) == "unfinished"
+    await cluster.heartbeat("w-1", one, succeeded(placed[tasks[1]], tasks[1]))
+    assert await cluster.admin.fetchval(states, [tasks[0]]) == "succeeded"
