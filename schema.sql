@@ -306,6 +306,7 @@ CREATE INDEX IF NOT EXISTS assignments_preempt_requested
 -- tasks go to distinct workers. attempts: how many times it was placed whole (the newest is its
 -- assignments' gang_attempt); broken: the newest attempt a task of which ended other than
 -- succeeded (its other tasks are stopped, and all of them placed again once every one ended);
+-- spent: the newest attempt that spent one of its attempts (each attempt spends at most one);
 -- failures: the attempts spent (a task failed or was lost), against max_attempts (its tasks'
 -- spec's); state: 'live' until the gang succeeded (every task did), failed (detail: why) or was
 -- cancelled. Written by the submission and by the routine gang_runs_ended, never by Python.
@@ -316,6 +317,7 @@ CREATE TABLE IF NOT EXISTS gangs (
     max_attempts  integer     NOT NULL DEFAULT 1,
     attempts      integer     NOT NULL DEFAULT 0,
     broken        integer     NOT NULL DEFAULT 0,
+    spent         integer     NOT NULL DEFAULT 0,
     failures      integer     NOT NULL DEFAULT 0,
     state         text        NOT NULL DEFAULT 'live'
                   CHECK (state IN ('live', 'succeeded', 'failed', 'cancelled')),
@@ -795,12 +797,13 @@ END $$;
 -- transaction of the end. The task's own job went as every job goes (after_run, after_loss,
 -- requeue_unspent) in the same statement; then, per gang:
 -- - the first end of a task of the gang's newest attempt other than a success breaks that
---   attempt: it spends one of the gang's attempts when the run failed or was lost (counted, or
---   lost), the gang's other active tasks of that attempt are asked to stop (the preemption's stop,
+--   attempt; the attempt spends one of the gang's attempts (once) when a run of it failed or was
+--   lost (counted, or lost), then or later; the gang's other active tasks of that attempt are asked to stop (the preemption's stop,
 --   preempted_by NULL: queries.PREEMPT_DUE_ASSIGNMENTS), and its tasks that succeeded in it
 --   (before the break, or after it: a stop too late) are pending again (the gang runs again
 --   whole); the gang fails once its attempts are spent, and is cancelled when a task's cancel was
 --   asked;
+-- - a task that ended failed or cancelled on its own ends its live gang so;
 -- - a gang that failed or was cancelled takes its pending and waiting tasks with it (each task
 --   that still runs becomes pending when its stop ends it, and is ended then);
 -- - a gang all of whose tasks succeeded has succeeded.
@@ -831,18 +834,21 @@ BEGIN
     broke AS (
         UPDATE gangs g
            SET broken = e.attempt,
-               failures = g.failures + e.spends::int,
+               spent = CASE WHEN e.spends THEN e.attempt ELSE g.spent END,
+               failures = g.failures + (e.spends AND g.spent < e.attempt)::int,
                state = CASE WHEN e.cancelled THEN 'cancelled'
-                            WHEN g.failures + e.spends::int >= g.max_attempts THEN 'failed'
+                            WHEN g.failures + (e.spends AND g.spent < e.attempt)::int >= g.max_attempts
+                            THEN 'failed'
                             ELSE g.state END,
                detail = CASE WHEN e.cancelled THEN 'cancelled'
-                             WHEN g.failures + e.spends::int >= g.max_attempts
+                             WHEN g.failures + (e.spends AND g.spent < e.attempt)::int >= g.max_attempts
                              THEN 'gang_failed: attempt ' || e.attempt || ' broke (' || e.why
                                   || '), the last of ' || g.max_attempts || ' attempts'
                              ELSE 'gang attempt ' || e.attempt || ' broke (' || e.why || ')' END
           FROM ended e
-         WHERE g.id = e.gang_id AND e.breaks AND g.state = 'live'
-           AND e.attempt = g.attempts AND g.broken < e.attempt
+         WHERE g.id = e.gang_id AND e.breaks AND g.state = 'live' AND e.attempt = g.attempts
+           -- the first end that breaks the attempt, or a later one that spends it, or a cancel
+           AND (g.broken < e.attempt OR (e.spends AND g.spent < e.attempt) OR e.cancelled)
      RETURNING g.id, e.attempt, g.state
     ),
     stopping AS (
@@ -853,6 +859,17 @@ BEGIN
            AND a.preempt_requested_at IS NULL
     )
     SELECT coalesce(array_agg(DISTINCT gang_id), '{}') INTO touched FROM ended;
+
+    -- A task that ended failed or cancelled on its own (its own attempts spent, a cancel that
+    -- raced) ends its live gang with it.
+    UPDATE gangs g
+       SET state = CASE WHEN bad.failed THEN 'failed' ELSE 'cancelled' END,
+           detail = CASE WHEN bad.failed THEN 'gang_failed: task ' || bad.rank || ' failed'
+                         ELSE 'cancelled' END
+      FROM (SELECT j.gang_id, bool_or(j.state = 'failed') AS failed, min(j.gang_rank) AS rank
+              FROM jobs j WHERE j.gang_id = ANY(touched) AND j.state IN ('failed', 'cancelled')
+             GROUP BY j.gang_id) bad
+     WHERE g.id = bad.gang_id AND g.state = 'live';
 
     -- A live gang whose newest attempt broke runs again whole: its tasks that succeeded in it
     -- (before the break, or after it, their stop too late) are pending again.

@@ -18,6 +18,7 @@ CREATE TABLE IF NOT EXISTS gangs (
     max_attempts  integer     NOT NULL DEFAULT 1,
     attempts      integer     NOT NULL DEFAULT 0,
     broken        integer     NOT NULL DEFAULT 0,
+    spent         integer     NOT NULL DEFAULT 0,
     failures      integer     NOT NULL DEFAULT 0,
     state         text        NOT NULL DEFAULT 'live'
                   CHECK (state IN ('live', 'succeeded', 'failed', 'cancelled')),

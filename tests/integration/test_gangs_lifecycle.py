@@ -277,3 +277,21 @@ async def test_a_gangs_id_as_a_dependency_stands_for_the_whole_gang(cluster: Clu
     assert await cluster.admin.fetchval(states, [tasks[0]]) == "unfinished"
     await cluster.heartbeat("w-1", one, succeeded(placed[tasks[1]], tasks[1]))
     assert await cluster.admin.fetchval(states, [tasks[0]]) == "succeeded"
+
+
+async def test_a_failure_after_a_stop_broke_the_attempt_still_spends_it(cluster: Cluster) -> None:
+    """An attempt broken by a stop (no attempt spent) whose other task then fails on its own
+    spends one attempt: with one, the gang fails whole."""
+    one = await cluster.register("w-1", "10.0.0.1:9000")
+    tasks = await cluster.submit_gang(2)
+    placed = await cluster.place([(t, "w-1", one) for t in tasks])
+    await cluster.admin.execute(
+        "UPDATE assignments SET state = 'stopped', ended_at = now(), end_reason = 'released' WHERE id = $1",
+        placed[tasks[0]],
+    )
+    await cluster.admin.execute("SELECT requeue_unspent($1::bigint[])", [tasks[0]])
+    assert (await cluster.gang(tasks[0]))["failures"] == 0
+    await cluster.heartbeat("w-1", one, failed(placed[tasks[1]], tasks[1]))
+    gang = await cluster.gang(tasks[0])
+    assert (gang["failures"], gang["state"]) == (1, "failed")
+    assert await cluster.states(tasks) == ["failed", "failed"]
