@@ -254,6 +254,7 @@ def place_gangs(
     max_reservations: int = 0,
     reserve_after_s: float = 0.0,
     blocked: Iterable[str] = (),
+    max_placements: int | None = None,
 ) -> GangPlan:
     """Place whole gangs on the free room of ``rooms``, in the given order (priority, then gang
     id): a gang is placed only when all of its tasks fit at once, each task by best fit (the
@@ -262,7 +263,8 @@ def place_gangs(
     is after ``now`` is left alone. A gang that fits no room now but could fit the workers'
     capacities, queued ``reserve_after_s`` or more, keeps the workers that lack least for it
     free for the round (at most ``max_reservations`` gangs), so that single jobs do not take the
-    room it waits for (:attr:`GangPlan.reserved`). ``blocked``: workers that take nothing.
+    room it waits for (:attr:`GangPlan.reserved`). ``blocked``: workers that take nothing. At
+    most ``max_placements`` tasks are placed in all (None: no limit); a gang past it waits whole.
 
     Never more than a room holds, never a partial gang, never two tasks of a spread gang on one
     worker (tests/unit/test_gangs_placement.py, hypothesis).
@@ -295,6 +297,8 @@ def place_gangs(
     changes = 0
     for gang in gangs:
         if gang.not_before > now:
+            continue
+        if max_placements is not None and len(placements) + gang.size > max_placements:
             continue
         job = gang.job
         cpu, mem = job.cpu_millis, job.memory_mb

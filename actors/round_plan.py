@@ -220,6 +220,7 @@ def plan_round_steps(
             max_reservations=settings.max_reservations,
             reserve_after_s=settings.reserve_after_s,
             blocked=(held or {}).keys(),
+            max_placements=min(settings.max_placements_per_round, max_rows),
         )
         gang_sizes = {t: (g.job.cpu_millis, g.job.memory_mb) for g in gangs for t in g.task_ids}
         rooms = gang_plan.rooms_left(rooms, gang_sizes)
@@ -230,7 +231,7 @@ def plan_round_steps(
         queue,
         rooms,
         policy=settings.policy,
-        max_placements=min(settings.max_placements_per_round, max_rows),
+        max_placements=min(settings.max_placements_per_round, max_rows) - len(gang_plan.placements),
         max_reservations=settings.max_reservations,
         reserve_after_s=settings.reserve_after_s,
         now=now,

@@ -159,3 +159,16 @@ def test_a_gang_is_whole_only_once_every_rank_is_held() -> None:
     assert (gang.task_ids, gang.since) == ((10, 11, 12), 2.0)
     queue.remove([11])
     assert queue.whole() == []
+
+
+@given(gangs_st, rooms_st, st.integers(0, 20))
+@settings(max_examples=examples(200))
+def test_a_round_places_at_most_its_limit_and_only_whole_gangs(
+    gangs: list[PendingGang], rooms: list[WorkerRoom], limit: int
+) -> None:
+    """With a limit on the round's placements, the gangs placed fit it, each one whole."""
+    plan = place_gangs(gangs, rooms, now=0.0, max_placements=limit)
+    assert len(plan.placements) <= limit
+    placed = {job_id for job_id, _ in plan.placements}
+    for gang in gangs:
+        assert placed & set(gang.task_ids) in (set(), set(gang.task_ids))

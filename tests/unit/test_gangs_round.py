@@ -105,3 +105,18 @@ def test_a_round_places_a_gang_whole_or_not_at_all(
     for p in plan.placements:
         used[p.worker_id] += p.cpu_millis
     assert all(cpu_used <= 4000 for cpu_used in used.values())
+
+
+def test_a_round_never_carries_more_placements_than_its_rows() -> None:
+    """Gangs and single jobs together stay within the round's rows."""
+    workers = [_worker(i, 16000) for i in range(1, 5)]
+    plan = plan_round(
+        _singles(*[100] * 20),
+        workers,
+        PlacerSettings(),
+        max_rows=6,
+        now=NOW,
+        gangs=_gangs(100, 4, 100).whole(),
+    )
+    assert len(plan.placements) <= 6
+    assert {p.job_id for p in plan.placements if p.job_id >= 100} == {100, 101, 102, 103}
