@@ -54,6 +54,7 @@ STATUS_KEYS = [
     "stdout_path",
     "stderr_path",
     "owner",
+    "gang",
 ]
 """The keys of a job's ``status``, in order (documented in ``ops.cli.render.job_status_json``)."""
 
@@ -151,6 +152,7 @@ def test_job_json_is_a_job_file_with_a_status(answers: list[tuple[str, Any]]) ->
         "stdout_path": "/work/w-2/jobs/7-11/stdout.log",
         "stderr_path": "/work/w-2/jobs/7-11/stderr.log",
         "owner": "alice",
+        "gang": None,
     }
     assert answers == [("get_job", pb.GetJobRequest(job_id=7))]
 
