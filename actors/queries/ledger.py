@@ -104,12 +104,13 @@ gang_ported AS (
     SELECT r.*,
            (SELECT port
               FROM generate_series({GANG_PORT_FIRST}, {GANG_PORT_FIRST + GANG_PORT_COUNT - 1}) AS port
-             WHERE NOT EXISTS (SELECT 1 FROM assignments a
-                                WHERE a.worker_id = r.worker_id AND a.state = 'active'
-                                  AND a.gang_port = port)
+             WHERE port <> ALL (r.used)
              ORDER BY port OFFSET r.k - 1 LIMIT 1) AS port
       FROM (SELECT t.id, t.gang_id, t.state, p.worker_id, p.incarnation,
-                   row_number() OVER (PARTITION BY p.worker_id ORDER BY t.id) AS k
+                   row_number() OVER (PARTITION BY p.worker_id ORDER BY t.id) AS k,
+                   coalesce((SELECT array_agg(a.gang_port) FROM assignments a
+                              WHERE a.worker_id = p.worker_id AND a.state = 'active'
+                                AND a.gang_port IS NOT NULL), '{{}}') AS used
               FROM gang_tasks t JOIN p ON p.job_id = t.id) r
 ),
 gang_whole AS (

@@ -295,3 +295,17 @@ async def test_a_failure_after_a_stop_broke_the_attempt_still_spends_it(cluster:
     gang = await cluster.gang(tasks[0])
     assert (gang["failures"], gang["state"]) == (1, "failed")
     assert await cluster.states(tasks) == ["failed", "failed"]
+
+
+async def test_two_gangs_on_one_worker_never_share_a_port(cluster: Cluster) -> None:
+    """A second gang placed on a worker whose first gang holds ports 42000-42001 gets the next
+    free ones."""
+    one = await cluster.register("w-1", "10.0.0.1:9000")
+    first = await cluster.submit_gang(2)
+    second = await cluster.submit_gang(2)
+    await cluster.place([(t, "w-1", one) for t in first])
+    await cluster.place([(t, "w-1", one) for t in second])
+    rows = await cluster.admin.fetch(
+        "SELECT gang_port FROM assignments WHERE state = 'active' AND worker_id = 'w-1' ORDER BY job_id"
+    )
+    assert [r["gang_port"] for r in rows] == [42000, 42001, 42002, 42003]
