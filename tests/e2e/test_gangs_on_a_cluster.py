@@ -25,7 +25,7 @@ def test_a_gang_is_placed_again_whole_after_a_worker_holding_a_task_is_killed(
     launch: Launch, database_url: str
 ) -> None:
     """A spread gang of 3 on 4 workers: each task prints its seat; a worker holding rank 1 is
-    killed while they run; the gang's first attempt breaks (one attempt spent), the second is
+    killed while they run; the gang's first attempt breaks (one attempt spent), the next is
     placed whole in one commit, every task succeeds, and no sample found a partial gang."""
     cluster, ready = launch(1, 4)
     addresses, tls = ready.config.control_plane_addresses, ready.config.client_tls
@@ -66,7 +66,9 @@ def test_a_gang_is_placed_again_whole_after_a_worker_holding_a_task_is_killed(
     )
     assert max(partial_samples) == 0
     (gang,) = fetch(database_url, "SELECT attempts, failures, state FROM gangs WHERE id = $1", gang_id)
-    assert (gang["attempts"], gang["failures"], gang["state"]) == (2, 1, "succeeded")
+    # The kill broke the first attempt; a later one may break too on a loaded machine (a task not
+    # started before its fence deadline), but each is placed and stopped whole.
+    assert gang["attempts"] >= 2 and gang["failures"] >= 1 and gang["state"] == "succeeded"
     attempts = fetch(
         database_url,
         "SELECT a.gang_attempt, count(*) AS n, count(DISTINCT a.created_at) AS transactions,"
@@ -75,7 +77,7 @@ def test_a_gang_is_placed_again_whole_after_a_worker_holding_a_task_is_killed(
         " GROUP BY a.gang_attempt ORDER BY a.gang_attempt",
         gang_id,
     )
-    assert [tuple(r) for r in attempts] == [(1, 3, 1, 3), (2, 3, 1, 3)]
+    assert [tuple(r) for r in attempts] == [(k, 3, 1, 3) for k in range(1, gang["attempts"] + 1)]
     last = rpc.call(addresses, "list_jobs", pb.ListJobsRequest(limit=100), tls=tls).jobs
     printed = [
         Path(j.stdout_path).read_text().split() for j in last if j.job_id in range(gang_id, gang_id + 3)
