@@ -230,6 +230,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     array_max_failed     integer     CHECK (array_max_failed > 0),
     -- the countable devices each run holds (docs/devices.md): {name: count}, '{}' for none
     resources            jsonb       NOT NULL DEFAULT '{}',
+    -- a gang's task (docs/gangs.md): the gang's id (its rank 0 task's) and this task's rank
+    gang_id              bigint,
+    gang_rank            integer,
     -- a job depends only on jobs older than itself (queries.SUBMIT_JOB names only jobs that
     -- exist; queries.SUBMIT_JOBS gives a batch's jobs ids above those of the jobs of the batch
     -- they name), so its dependencies never form a cycle
@@ -241,6 +244,7 @@ CREATE INDEX IF NOT EXISTS jobs_cancel_requested
     ON jobs (id) WHERE cancel_requested AND state IN ('assigned', 'running');
 CREATE INDEX IF NOT EXISTS jobs_waiting ON jobs (id) WHERE state = 'waiting';
 CREATE INDEX IF NOT EXISTS jobs_by_array ON jobs (array_id, array_index) WHERE array_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_by_gang ON jobs (gang_id, gang_rank) WHERE gang_id IS NOT NULL;
 -- An account's jobs, newest first (queries.LIST_JOBS for a user or a scoped viewer).
 CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, id);
 -- An account's queued (pending and waiting) jobs, counted against its max_pending
@@ -281,7 +285,13 @@ CREATE TABLE IF NOT EXISTS assignments (
     -- a preemption the leader decided (docs/preemption.md): the preempting job, and when it
     -- was decided; the reconciler stops the run and ends it as stopped ('preempted')
     preempted_by        bigint,
-    preempt_requested_at timestamptz
+    preempt_requested_at timestamptz,
+    -- a gang task's run (docs/gangs.md): the gang's attempt this placement is (gangs.attempts
+    -- when committed: every task of one attempt commits in one statement), and the port the
+    -- leader gave the task on its worker (STOCKADE_GANG_PORT), unique among the worker's active
+    -- assignments
+    gang_attempt        integer,
+    gang_port           integer
 );
 -- Invariant 1: at most one active assignment per job.
 CREATE UNIQUE INDEX IF NOT EXISTS assignments_one_active_per_job
@@ -295,6 +305,9 @@ CREATE INDEX IF NOT EXISTS assignments_finished_by_worker
     ON assignments (worker_id, ended_at) WHERE state = 'finished';
 CREATE INDEX IF NOT EXISTS assignments_cancelled_by_worker
     ON assignments (worker_id, ended_at) WHERE state = 'cancelled';
+-- Two active gang tasks on one worker never share a port.
+CREATE UNIQUE INDEX IF NOT EXISTS assignments_gang_port_per_worker
+    ON assignments (worker_id, gang_port) WHERE state = 'active' AND gang_port IS NOT NULL;
 -- The preemptions to carry out (queries.PREEMPT_DUE_ASSIGNMENTS).
 CREATE INDEX IF NOT EXISTS assignments_preempt_requested
     ON assignments (id) WHERE state = 'active' AND preempt_requested_at IS NOT NULL;
@@ -316,6 +329,31 @@ CREATE TABLE IF NOT EXISTS assignment_units (
 -- as assignments_one_active_per_job is for invariant 1. Also what the placer reads as in use.
 CREATE UNIQUE INDEX IF NOT EXISTS assignment_units_one_active_holder
     ON assignment_units (worker_id, resource, unit) WHERE active;
+
+-- ---------------------------------------------------------------- gangs
+
+-- A gang (docs/gangs.md): ``size`` task jobs (jobs.gang_id = id, gang_rank 0 .. size - 1, one
+-- spec) placed all or nothing in one fenced commit; id is its rank 0 task's job id. spread: its
+-- tasks go to distinct workers. attempts: how many times it was placed whole (the newest is its
+-- assignments' gang_attempt); broken: the newest attempt a task of which ended other than
+-- succeeded (its other tasks are stopped, and all of them placed again once every one ended);
+-- spent: the newest attempt that spent one of its attempts (each attempt spends at most one);
+-- failures: the attempts spent (a task failed or was lost), against max_attempts (its tasks'
+-- spec's); state: 'live' until the gang succeeded (every task did), failed (detail: why) or was
+-- cancelled. Written by the submission and by the routine gang_runs_ended, never by Python.
+CREATE TABLE IF NOT EXISTS gangs (
+    id            bigint      PRIMARY KEY,
+    size          integer     NOT NULL CHECK (size >= 1),
+    spread        boolean     NOT NULL DEFAULT false,
+    max_attempts  integer     NOT NULL DEFAULT 1,
+    attempts      integer     NOT NULL DEFAULT 0,
+    broken        integer     NOT NULL DEFAULT 0,
+    spent         integer     NOT NULL DEFAULT 0,
+    failures      integer     NOT NULL DEFAULT 0,
+    state         text        NOT NULL DEFAULT 'live'
+                  CHECK (state IN ('live', 'succeeded', 'failed', 'cancelled')),
+    detail        text        NOT NULL DEFAULT ''
+);
 
 -- ---------------------------------------------------------------- idempotency keys
 
@@ -425,7 +463,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 -- This file's version: the newest migration's (actors/migrations/).
-INSERT INTO schema_version (version) VALUES (12) ON CONFLICT (version) DO NOTHING;
+INSERT INTO schema_version (version) VALUES (13) ON CONFLICT (version) DO NOTHING;
 
 -- ================================================================ routines
 -- Everything below is functions, triggers and views, each CREATE OR REPLACE: applied with the
@@ -610,7 +648,13 @@ SELECT id, cpu_millis, memory_mb, priority, reason, pending_xid, pending_seq,
            (SELECT string_agg(DISTINCT a.worker_id, ' ') FROM assignments a
              WHERE a.job_id = jobs.id AND a.outcome = 'failed') END AS failed_on,
        owner,
-       CASE WHEN resources = '{}'::jsonb THEN NULL ELSE resources::text END AS resources
+       CASE WHEN resources = '{}'::jsonb THEN NULL ELSE resources::text END AS resources,
+       -- a gang's task (docs/gangs.md): its gang, rank, the gang's size and spread
+       gang_id, gang_rank,
+       CASE WHEN gang_id IS NOT NULL THEN (SELECT g.size FROM gangs g WHERE g.id = jobs.gang_id) END
+           AS gang_size,
+       CASE WHEN gang_id IS NOT NULL THEN (SELECT g.spread FROM gangs g WHERE g.id = jobs.gang_id) END
+           AS gang_spread
   FROM jobs WHERE state = 'pending';
 
 -- The device units assignment p_assignment_id holds (docs/devices.md), as JSON [[name, unit],
@@ -635,7 +679,8 @@ SELECT a.name, a.cpu_millis, a.memory_mb,
 -- One row (dep, state) per job id in p_after that exists (actors/dependencies.py). A job stands
 -- for itself; an array's id (its first task's) for the whole array, as Slurm's
 -- afterok:<array job id>: 'failed' when a task failed, else 'cancelled' when one was,
--- 'succeeded' when every task did, else 'unfinished'. Index jobs_by_array and the primary key.
+-- 'succeeded' when every task did, else 'unfinished'; a gang's id (its rank 0 task's) likewise
+-- for the whole gang (docs/gangs.md). Indexes jobs_by_array, jobs_by_gang and the primary key.
 CREATE OR REPLACE FUNCTION dependency_states(p_after bigint[])
 RETURNS TABLE (dep bigint, state text) LANGUAGE sql STABLE AS $$
     SELECT m.dep, CASE WHEN bool_or(m.state = 'failed') THEN 'failed'
@@ -645,8 +690,11 @@ RETURNS TABLE (dep bigint, state text) LANGUAGE sql STABLE AS $$
                        ELSE 'unfinished' END AS state
       FROM (SELECT d.id AS dep, d.state FROM jobs d
              WHERE d.id = ANY(p_after) AND d.array_id IS DISTINCT FROM d.id
+               AND d.gang_id IS DISTINCT FROM d.id
             UNION ALL
-            SELECT t.array_id, t.state FROM jobs t WHERE t.array_id = ANY(p_after)) m
+            SELECT t.array_id, t.state FROM jobs t WHERE t.array_id = ANY(p_after)
+            UNION ALL
+            SELECT t.gang_id, t.state FROM jobs t WHERE t.gang_id = ANY(p_after)) m
      GROUP BY m.dep
 $$;
 
@@ -919,6 +967,159 @@ BEGIN
     SELECT coalesce(array_agg(id), '{}') INTO requeued FROM r;
     RETURN requeued;
 END $$;
+
+-- ---------------------------------------------------------------- gangs (routines)
+
+-- The one rule of a gang's runs (docs/gangs.md, "Failure"), run after every statement that ends
+-- assignments (trigger assignments_gang_runs_ended), so every path that ends a run (a worker's
+-- report, a dead worker, a timeout, a cancel, a preemption, a drain) keeps it, in the
+-- transaction of the end. The task's own job went as every job goes (after_run, after_loss,
+-- requeue_unspent) in the same statement; then, per gang:
+-- - the first end of a task of the gang's newest attempt other than a success breaks that
+--   attempt; the attempt spends one of the gang's attempts (once) when a run of it failed or was
+--   lost (counted, or lost), then or later; the gang's other active tasks of that attempt are asked to stop (the preemption's stop,
+--   preempted_by NULL: queries.PREEMPT_DUE_ASSIGNMENTS), and its tasks that succeeded in it
+--   (before the break, or after it: a stop too late) are pending again (the gang runs again
+--   whole); the gang fails once its attempts are spent, and is cancelled when a task's cancel was
+--   asked;
+-- - a task that ended failed or cancelled on its own ends its live gang so;
+-- - a gang that failed or was cancelled takes its pending and waiting tasks with it (each task
+--   that still runs becomes pending when its stop ends it, and is ended then);
+-- - a gang all of whose tasks succeeded has succeeded.
+-- Tasks become pending one by one as their runs end; the placer places a gang only when all of
+-- them are (actors/gangs.py), so a task is placed again only after every run of its attempt ended.
+CREATE OR REPLACE FUNCTION gang_runs_ended() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    touched bigint[];
+BEGIN
+    -- Most statements end no gang task: one pass over the changed rows, nothing else.
+    IF NOT EXISTS (SELECT 1 FROM gang_after_rows WHERE gang_attempt IS NOT NULL AND state <> 'active') THEN
+        RETURN NULL;
+    END IF;
+    WITH ended AS (
+        SELECT j.gang_id, a.gang_attempt AS attempt,
+               bool_or(a.counted OR a.state = 'lost') AS spends,
+               bool_or(NOT (a.state = 'finished' AND a.outcome IS NOT DISTINCT FROM 'succeeded')) AS breaks,
+               bool_or(j.cancel_requested) AS cancelled,
+               string_agg(DISTINCT 'task ' || j.gang_rank || ' ' || coalesce(a.end_reason, a.state), ', ')
+                   FILTER (WHERE NOT (a.state = 'finished' AND a.outcome IS NOT DISTINCT FROM 'succeeded'))
+                   AS why
+          FROM gang_before_rows o
+          JOIN gang_after_rows a ON a.id = o.id
+          JOIN jobs j ON j.id = a.job_id
+         WHERE o.state = 'active' AND a.state <> 'active' AND a.gang_attempt IS NOT NULL
+         GROUP BY j.gang_id, a.gang_attempt
+    ),
+    broke AS (
+        UPDATE gangs g
+           SET broken = e.attempt,
+               spent = CASE WHEN e.spends THEN e.attempt ELSE g.spent END,
+               failures = g.failures + (e.spends AND g.spent < e.attempt)::int,
+               state = CASE WHEN e.cancelled THEN 'cancelled'
+                            WHEN g.failures + (e.spends AND g.spent < e.attempt)::int >= g.max_attempts
+                            THEN 'failed'
+                            ELSE g.state END,
+               detail = CASE WHEN e.cancelled THEN 'cancelled'
+                             WHEN g.failures + (e.spends AND g.spent < e.attempt)::int >= g.max_attempts
+                             THEN 'gang_failed: attempt ' || e.attempt || ' broke (' || e.why
+                                  || '), the last of ' || g.max_attempts || ' attempts'
+                             ELSE 'gang attempt ' || e.attempt || ' broke (' || e.why || ')' END
+          FROM ended e
+         WHERE g.id = e.gang_id AND e.breaks AND g.state = 'live' AND e.attempt = g.attempts
+           -- the first end that breaks the attempt, or a later one that spends it, or a cancel
+           AND (g.broken < e.attempt OR (e.spends AND g.spent < e.attempt) OR e.cancelled)
+     RETURNING g.id, e.attempt, g.state
+    ),
+    stopping AS (
+        UPDATE assignments a
+           SET preempt_requested_at = now(), preempted_by = NULL
+          FROM broke b JOIN jobs j ON j.gang_id = b.id
+         WHERE a.job_id = j.id AND a.state = 'active' AND a.gang_attempt = b.attempt
+           AND a.preempt_requested_at IS NULL
+    )
+    SELECT coalesce(array_agg(DISTINCT gang_id), '{}') INTO touched FROM ended;
+
+    -- A task that ended failed or cancelled on its own (its own attempts spent, a cancel that
+    -- raced) ends its live gang with it.
+    UPDATE gangs g
+       SET state = CASE WHEN bad.failed THEN 'failed' ELSE 'cancelled' END,
+           detail = CASE WHEN bad.failed THEN 'gang_failed: task ' || bad.rank || ' failed'
+                         ELSE 'cancelled' END
+      FROM (SELECT j.gang_id, bool_or(j.state = 'failed') AS failed, min(j.gang_rank) AS rank
+              FROM jobs j WHERE j.gang_id = ANY(touched) AND j.state IN ('failed', 'cancelled')
+             GROUP BY j.gang_id) bad
+     WHERE g.id = bad.gang_id AND g.state = 'live';
+
+    -- A live gang whose newest attempt broke runs again whole: its tasks that succeeded in it
+    -- (before the break, or after it, their stop too late) are pending again.
+    UPDATE jobs j
+       SET state = 'pending', started_at = NULL, finished_at = NULL, exit_code = NULL,
+           pending_seq = nextval('pending_seq'), pending_xid = pg_current_xact_id()::text::bigint,
+           not_before = NULL, reason = ''
+      FROM gangs g
+     WHERE g.id = ANY(touched) AND g.state = 'live' AND g.broken = g.attempts
+       AND j.gang_id = g.id AND j.state = 'succeeded';
+
+    UPDATE jobs j
+       SET state = g.state, reason = '', finished_at = now(),
+           detail = CASE WHEN j.detail = '' THEN g.detail ELSE j.detail END
+      FROM gangs g
+     WHERE g.id = ANY(touched) AND g.state IN ('failed', 'cancelled')
+       AND j.gang_id = g.id AND j.state IN ('pending', 'waiting');
+
+    UPDATE gangs g SET state = 'succeeded', detail = ''
+     WHERE g.id = ANY(touched) AND g.state = 'live'
+       AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.gang_id = g.id AND j.state <> 'succeeded');
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER assignments_gang_runs_ended AFTER UPDATE ON assignments
+    REFERENCING OLD TABLE AS gang_before_rows NEW TABLE AS gang_after_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION gang_runs_ended();
+
+-- A late outcome (record_outcomes: a run's report that came after the leader had ended it as
+-- lost) never ends a task of a live gang on its own: the gang's attempt broke with that loss and
+-- its tasks run again together, so the task stays pending (a report of success or failure of a
+-- run of an attempt that broke changes nothing but the assignment's recorded outcome). A gang
+-- that failed or was cancelled ends its tasks itself (gang_runs_ended, CANCEL_JOB), after it is
+-- no longer live.
+CREATE OR REPLACE FUNCTION gang_task_stays_pending() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM gangs g WHERE g.id = NEW.gang_id AND g.state = 'live') THEN
+        NEW.state := OLD.state;
+        NEW.failures := OLD.failures;
+        NEW.started_at := OLD.started_at;
+        NEW.finished_at := OLD.finished_at;
+        NEW.reason := OLD.reason;
+        NEW.exit_code := OLD.exit_code;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE OR REPLACE TRIGGER jobs_gang_task_stays_pending BEFORE UPDATE OF state ON jobs
+    FOR EACH ROW WHEN (OLD.gang_id IS NOT NULL AND OLD.state = 'pending'
+                       AND NEW.state IN ('succeeded', 'failed'))
+    EXECUTE FUNCTION gang_task_stays_pending();
+
+-- The gangs holding resources partially (docs/gangs.md, "No partial gang"): a live gang whose
+-- newest attempt has tasks with an active assignment not asked to stop while another of its
+-- tasks has neither such an assignment nor a success in that attempt. Empty in every committed
+-- state: a commit places a gang whole, and the end that breaks an attempt asks the rest to stop
+-- in its own transaction (gang_runs_ended). Read by the checker and chaos sampling.
+CREATE OR REPLACE VIEW partial_gangs AS
+SELECT g.id AS gang_id, g.attempts AS attempt, g.size,
+       count(*) FILTER (WHERE t.holding)::int AS holding,
+       count(*) FILTER (WHERE t.succeeded)::int AS succeeded
+  FROM gangs g
+  JOIN LATERAL (
+      SELECT EXISTS (SELECT 1 FROM assignments a
+                      WHERE a.job_id = j.id AND a.state = 'active' AND a.preempt_requested_at IS NULL
+                        AND a.gang_attempt = g.attempts) AS holding,
+             j.state = 'succeeded' AS succeeded
+        FROM jobs j WHERE j.gang_id = g.id
+  ) t ON true
+ WHERE g.state = 'live' AND g.attempts > 0
+ GROUP BY g.id
+HAVING count(*) FILTER (WHERE t.holding) > 0
+   AND count(*) FILTER (WHERE t.holding OR t.succeeded) < g.size;
 
 -- ---------------------------------------------------------------- heartbeats and outcomes
 

@@ -26,6 +26,7 @@ from protocol import pb
 from runtime import log
 from runtime.aio import GrpcChannel
 from runtime.errors import StockadeError
+from runtime.gangs import gang_seat_to_pb
 from runtime.settings.leader import DispatchSettings
 from runtime.tls import WORKER, ClientTls, Expected
 from runtime.wire_jobs import job_spec_to_pb
@@ -43,6 +44,7 @@ def assignment_message(a: CommittedAssignment) -> pb.Assignment:
         array_id=a.array_id or 0,
         placed_before=a.placed_before,
         units=[pb.ResourceUnits(name=name, units=list(ids)) for name, ids in a.units],
+        gang=gang_seat_to_pb(a.gang),
     )
 
 

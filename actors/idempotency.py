@@ -45,14 +45,17 @@ def request_digest(rpc: str, items: Iterable[Any]) -> bytes:
 def job_item(job: JobSpec) -> list[Any]:
     """A checked job as it enters a request's digest: the columns it is stored in, in their
     order, then its failure policy, max_failed_tasks and after_names as one more item when any
-    is set, then the devices it asks when it asks some (so the digest of a job without them is
-    the one stored before they existed, and a copy of a call sent across an upgrade is still a
-    copy); raises ValueError for a job with no runtime (not checked)."""
+    is set, then the devices it asks when it asks some, then a gang's size and spread when it is
+    one (so the digest of a job without them is the one stored before they existed, and a copy of
+    a call sent across an upgrade is still a copy); raises ValueError for a job with no runtime
+    (not checked)."""
     columns = queries.job_columns(job)
     policy = [columns.retry_on_exit, columns.no_retry_on, columns.array_max_failed, list(job.after_names)]
     older = list(attrs.astuple(columns))[: -len(_NEWER_COLUMNS)]
     item = older + ([policy] if any(policy) else [])
-    return [*item, list(job.resources)] if job.resources else item
+    if job.resources:
+        item = [*item, list(job.resources)]
+    return item if job.tasks is None else [*item, job.tasks, job.spread]
 
 
 _NEWER_COLUMNS = ("retry_on_exit", "no_retry_on", "array_max_failed")
@@ -86,6 +89,8 @@ def _job_ids(ids: Sequence[int]) -> str:
 def describe(rpc: str, answer: Sequence[Mapping[str, Any]]) -> str:
     """What a stored call did, from its RPC and its stored answer: ``"it created jobs 17, 18,
     19"``, ``"it created array 17 (100 tasks)"``, ``"it cancelled job 17 (cancelled)"``, ..."""
+    if rpc == "submit_job" and answer and answer[0].get("gang"):
+        return f"it created gang {answer[0]['id']} ({answer[0]['tasks']} tasks)"
     if rpc == "submit_job" and answer and int(answer[0].get("tasks", 1)) > 1:
         return f"it created array {answer[0]['id']} ({answer[0]['tasks']} tasks)"
     if rpc in ("submit_job", "submit_jobs"):

@@ -133,6 +133,8 @@ class JobHandlers(AdmittedService):
                     rpc_caller().scope,
                     job.priority if rpc_caller().priority_capped else None,
                     queries.resources_json(job),
+                    job.tasks,
+                    job.spread,
                 ),
                 key=key,
                 digest=digest,

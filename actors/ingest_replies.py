@@ -37,6 +37,17 @@ def job_info(row: Any, *, env_values: bool) -> pb.JobInfo:
         **_exit_code(row),
         not_before_unix_s=row["not_before_unix_s"] or 0.0 if row["state"] == "pending" else 0.0,
     )
+    if row.get("gang_id") is not None:
+        info.gang = pb.JobGang(
+            gang_id=row["gang_id"],
+            rank=row["gang_rank"],
+            size=row["gang_size"],
+            spread=row["gang_spread"],
+            state=row["gang_state"],
+            attempts=row["gang_attempts"],
+            failures=row["gang_failures"],
+            detail=row["gang_detail"],
+        )
     if row["cancel_requested"] and row["state"] in ("assigned", "running"):
         # A task its array's max_failed_tasks cancels says so (schema.sql, array_task_failed).
         why = row["detail"] or ""

@@ -30,17 +30,22 @@ def _ms(at: dt.datetime | None) -> int:
 
 
 def check_schedule_job(message: pb.JobSpec | None) -> JobSpec:
-    """A schedule's job, checked as a job's (:meth:`JobSpec.check`), without dependencies or
-    an array.
+    """A schedule's job, checked as a job's (:meth:`JobSpec.check`), without dependencies, an
+    array or a gang's tasks.
 
     Raises:
-        InvalidArgument: the spec breaks a job's rule, or names ``after`` or ``array``.
+        InvalidArgument: the spec breaks a job's rule, or names ``after``, ``after_names``,
+            ``array`` or ``tasks``.
     """
     job = job_spec_from_pb(message).check()
     if job.after:
         raise InvalidArgument("job.after", list(job.after), "must be empty for a schedule's job")
+    if job.after_names:
+        raise InvalidArgument("job.after_names", list(job.after_names), "must be empty for a schedule's job")
     if job.array is not None:
         raise InvalidArgument("job.array", str(job.array), "must be empty for a schedule's job")
+    if job.tasks is not None:
+        raise InvalidArgument("job.tasks", job.tasks, "must be unset for a schedule's job (no gang)")
     return job
 
 

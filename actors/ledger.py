@@ -372,6 +372,7 @@ class Ledger:
                 array_id=argvs.get(int(row["id"]), {}).get("array_id"),
                 placed_before=bool(row["placed_before"]),
                 units=units.get(int(row["id"]), ()),
+                gang=queries.gang_seat_of(argvs.get(int(row["id"]), {})),
             )
             for row in placed
         )
@@ -460,7 +461,11 @@ class Ledger:
         rows = await conn.fetch(
             queries.END_PREEMPTED_ASSIGNMENTS, message.epoch, list(message.assignment_ids)
         )
-        requeued = {int(r["job_id"]): int(r["preempted_by"]) for r in rows if r["requeued"]}
+        requeued = {
+            int(r["job_id"]): int(r["preempted_by"])
+            for r in rows
+            if r["requeued"] and r["preempted_by"] is not None  # None: a gang's stop
+        }
         if requeued:
             await conn.execute(
                 queries.PREEMPTED_REASONS,

@@ -15,6 +15,7 @@ import attrs
 
 from actors.heartbeat_policy import HeartbeatPolicy
 from actors.schedule_plan import ScheduleFiring
+from runtime.gangs import GangSeat
 from runtime.jobs import JobSpec
 from runtime.reply import Reply
 
@@ -91,6 +92,8 @@ class CommittedAssignment:
     reports the start with a heartbeat pulled forward (:func:`agent.fence.early_heartbeat_allowed`)."""
     units: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """The device units it holds on the worker: (name, unit ids) pairs (docs/devices.md)."""
+    gang: GangSeat | None = None
+    """A gang's task: its seat (rank, size, port, peers; docs/gangs.md); None: not a gang's task."""
 
 
 @attrs.frozen(kw_only=True)

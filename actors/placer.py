@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from actors.fair_share import AccountShare
+from actors.gangs import GangQueue
 from actors.messages import (
     CommitPlacements,
     CommittedAssignment,
@@ -97,6 +98,8 @@ class Placer(FencedWrites):
     dispatcher: trio.MemorySendChannel[DispatcherInbox]
     stats: RoundStats = attrs.field(factory=RoundStats)
     queue: PendingQueue = attrs.field(factory=PendingQueue)
+    gangs: GangQueue = attrs.field(factory=GangQueue)
+    """The pending gangs' tasks, placed only whole (docs/gangs.md)."""
     _synced_epoch: int | None = None
     _failed_rounds: int = 0
     """Rounds failed in a row (the database unreachable); logged at the first and the end."""
@@ -171,6 +174,13 @@ class Placer(FencedWrites):
                 s.worker_fresh_s, self._mark, s.max_jobs_per_round
             )
         if full or waiting:
+            # A gang's tasks wait in the gang queue, placed only whole (actors/gangs.py).
+            tasks = [(w.job, w.gang, w.reason) for w in waiting if w.gang is not None]
+            if tasks or full:
+                (self.gangs.replace if full else self.gangs.add)(
+                    tasks, now=now, not_before=_not_before([w for w in waiting if w.gang is not None])
+                )
+                waiting = [w for w in waiting if w.gang is None]
             jobs, reasons = [w.job for w in waiting], {w.job.job_id: w.reason for w in waiting}
             (self.queue.replace if full else self.queue.add)(
                 jobs, reasons, now=now, not_before=_not_before(waiting)
@@ -193,7 +203,9 @@ class Placer(FencedWrites):
         if self._reserving and trio.current_time() - self._reserving_checked_at >= s.reserving_recheck_s:
             # A job keeps a worker free only while it is pending: drop one cancelled since
             # (asked at most once every reserving_recheck_s, not on every round of a backlog).
-            self.queue.remove(await self.store.no_longer_pending(self._reserving))
+            gone = await self.store.no_longer_pending(self._reserving)
+            self.queue.remove(gone)
+            self.gangs.remove(gone)
             self._reserving_checked_at = trio.current_time()
             self._reserving = []
         if s.fair_share and self.queue.accounts_queued() > 1:
@@ -201,7 +213,7 @@ class Placer(FencedWrites):
         read_done = trio.current_time()
         metrics.PLACER_PENDING_JOBS.set(len(self.queue))
         self.held = self._holds(epoch, read_done, {w.ref.worker_id for w in workers})
-        if not len(self.queue):
+        if not len(self.queue) and not len(self.gangs):
             metrics.ROUNDS.labels("empty").inc()
             return ()
         steps = plan_round_steps(
@@ -215,6 +227,7 @@ class Placer(FencedWrites):
             quotas=self.store.quotas,
             shares=self._shares if s.fair_share else None,
             held=self.held or None,
+            gangs=self.gangs.whole() if len(self.gangs) else (),
         )
         plan = await finish_in_slices(steps)  # a checkpoint between slices; only this task changes the queue
         if s.preemption:
@@ -243,6 +256,8 @@ class Placer(FencedWrites):
         # Placed or not (a job cancelled or claimed meanwhile), none of them is pending any more.
         self.queue.remove(plan.placed_job_ids)
         self.queue.store_reasons(plan.reasons)
+        self.gangs.remove(plan.placed_job_ids)
+        self.gangs.store_reasons(plan.reasons)
         self._idle_fingerprint = None
         for dispatch in plan.dispatches(epoch, committed):
             try:

@@ -15,6 +15,7 @@ import trio
 
 from actors import queries
 from actors.fair_share import AccountShare
+from actors.gangs import GangTask
 from actors.messages import WorkerRef
 from actors.pending_queue import PendingJob
 from actors.preemption import Running, Shares
@@ -58,6 +59,8 @@ class WaitingJob:
     job: PendingJob
     reason: str
     wait_s: float = 0.0
+    gang: GangTask | None = None
+    """A gang's task: placed only with all of its gang's tasks (actors/gangs.py); None: a job."""
 
 
 @attrs.frozen(kw_only=True)
@@ -177,6 +180,10 @@ _JOB_COLUMNS = (
     "failed_on",
     "owner",
     "resources",
+    "gang_id",
+    "gang_rank",
+    "gang_size",
+    "gang_spread",
 )
 _QUOTA_COLUMNS = ("name", "cpu_millis", "memory_mb", "used_cpu_millis", "used_memory_mb")
 
@@ -209,6 +216,9 @@ async def _waiting(rows: list[tuple[Any, ...]]) -> list[WaitingJob]:
                 ),
                 reason=reason,
                 wait_s=wait_s or 0.0,
+                gang=None
+                if gang_id is None
+                else GangTask(gang_id=gang_id, rank=rank, size=size, spread=bool(spread)),
             )
             for (
                 job_id,
@@ -224,6 +234,10 @@ async def _waiting(rows: list[tuple[Any, ...]]) -> list[WaitingJob]:
                 failed_on,
                 owner,
                 asked,
+                gang_id,
+                rank,
+                size,
+                spread,
             ) in rows[start : start + ROWS_PER_STEP]
         ]
     return waiting

@@ -122,6 +122,7 @@ def _delivery(row: Any) -> Delivery:
             array_id=row["array_id"],
             placed_before=bool(row["placed_before"]),
             units=held_units(row.get("units")),
+            gang=queries.gang_seat_of(row),
         ),
         worker=WorkerRef(
             worker_id=row["worker_id"], address=row["address"], incarnation=int(row["incarnation"])

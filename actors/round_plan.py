@@ -14,6 +14,7 @@ import attrs
 import numpy as np
 
 from actors.fair_share import AccountShare
+from actors.gangs import GangPlan, PendingGang, place_gangs
 from actors.messages import CommittedAssignment, Dispatch, Placement, WorkerRef
 from actors.pending_queue import PendingQueue
 from actors.placement import Plan, Unschedulable, in_one_go, place_queue_steps
@@ -138,6 +139,7 @@ def plan_round_steps(
     quotas: Mapping[str, AccountQuota] | None = None,
     shares: Mapping[str, AccountShare] | None = None,
     held: Mapping[str, int] | None = None,
+    gangs: Sequence[PendingGang] = (),
 ) -> Generator[None, None, RoundPlan]:
     """What one round commits and dispatches, decided in slices: a generator that yields
     between slices of :func:`actors.placement.place_queue_steps` and returns the plan. Neither
@@ -158,6 +160,9 @@ def plan_round_steps(
             take its account past a cap waits (:func:`actors.placement.place_queue_steps`).
         shares: fair share's accounts (weights and use, by name); None: queue order.
         held: worker_id -> the job it is kept for alone (a preemption's freed room).
+        gangs: the gangs whose tasks are all pending, by priority then id: placed whole before
+            the queue's jobs, on the rooms the round has (:func:`actors.gangs.place_gangs`);
+            the workers a waiting gang reserves take no job of the queue this round.
 
     Raises:
         ValueError: the settings name an unknown policy.
@@ -202,22 +207,39 @@ def plan_round_steps(
         unhealthy,
         capped,
         tuple(sorted((held or {}).items())),
+        tuple((g.gang_id, g.not_before <= now) for g in gangs),
     )
     if fingerprint == idle_fingerprint:
         return RoundPlan(outcome="unchanged", fingerprint=fingerprint, backing_off=backing_off)
     by_id = {w.ref.worker_id: w.ref for w in workers}
+    gang_plan = GangPlan()
+    if gangs:
+        gang_plan = place_gangs(
+            gangs,
+            rooms,
+            now=now,
+            max_reservations=settings.max_reservations,
+            reserve_after_s=settings.reserve_after_s,
+            blocked=(held or {}).keys(),
+            max_placements=min(settings.max_placements_per_round, max_rows),
+        )
+        gang_sizes = {t: (g.job.cpu_millis, g.job.memory_mb) for g in gangs for t in g.task_ids}
+        rooms = gang_plan.rooms_left(rooms, gang_sizes)
+        first_task = {g.gang_id: g.task_ids[0] for g in gangs}
+        held = {**(held or {}), **{w: first_task[g] for w, g in gang_plan.reserved.items()}}
+        yield
     plan: Plan = yield from place_queue_steps(
         queue,
         rooms,
         policy=settings.policy,
-        max_placements=min(settings.max_placements_per_round, max_rows),
+        max_placements=min(settings.max_placements_per_round, max_rows) - len(gang_plan.placements),
         max_reservations=settings.max_reservations,
         reserve_after_s=settings.reserve_after_s,
         now=now,
         reason_cache=reason_cache,
         quotas=quotas,
         shares=shares,
-        held=held,
+        held=held or None,
     )
     placed = dict(plan.placements)
     unschedulable = plan.unschedulable
@@ -250,8 +272,10 @@ def plan_round_steps(
     ]
     # One fenced statement: reasons fill what the placements leave of its rows; the rest are
     # not recorded as stored, so later rounds send them.
-    del reasons[max(0, max_rows - len(plan.placements)) :]
-    placements = tuple(
+    # A gang's tasks' reasons come first: one gang's are never cut in two.
+    reasons[:0] = gang_plan.reasons
+    del reasons[max(0, max_rows - len(plan.placements) - len(gang_plan.placements)) :]
+    placements = _gang_placements(gang_plan, gangs, by_id) + tuple(
         Placement(
             job_id=job_id,
             worker_id=worker_id,
@@ -268,9 +292,32 @@ def plan_round_steps(
         backing_off=backing_off,
         placements=placements,
         reasons=tuple(reasons),
-        reservations=tuple(sorted(plan.reservations.values())),
+        reservations=tuple(sorted({*plan.reservations.values(), *gang_plan_reserving(gang_plan, gangs)})),
         workers=by_id,
     )
+
+
+def _gang_placements(
+    gang_plan: GangPlan, gangs: Sequence[PendingGang], by_id: Mapping[str, WorkerRef]
+) -> tuple[Placement, ...]:
+    """The placements of the gangs ``gang_plan`` placed whole."""
+    size = {t: (g.job.cpu_millis, g.job.memory_mb) for g in gangs for t in g.task_ids}
+    return tuple(
+        Placement(
+            job_id=job_id,
+            worker_id=worker_id,
+            incarnation=by_id[worker_id].incarnation,
+            cpu_millis=size[job_id][0],
+            memory_mb=size[job_id][1],
+        )
+        for job_id, worker_id in gang_plan.placements
+    )
+
+
+def gang_plan_reserving(gang_plan: GangPlan, gangs: Sequence[PendingGang]) -> set[int]:
+    """The first task ids of the gangs holding a reservation in ``gang_plan``."""
+    first_task = {g.gang_id: g.task_ids[0] for g in gangs}
+    return {first_task[g] for g in gang_plan.reserved.values()}
 
 
 PREEMPTED_BY = "preempted by job "

@@ -34,6 +34,7 @@ from runtime.jobs import (
     MAX_ENV_BYTES,
     MAX_ENV_NAME_BYTES,
     MAX_ENV_VARS,
+    MAX_GANG_TASKS,
     MAX_IMAGE_BYTES,
     MAX_MEMORY_MB,
     MAX_NAME_BYTES,
@@ -313,6 +314,11 @@ LIMITS = (
         f"offers at most {_n(MAX_RESOURCE_UNITS)} unit ids of each, each once, of 1 to "
         f"{_n(MAX_UNIT_ID_BYTES)} characters of `A-Z a-z 0-9 . _ : -` starting with a letter or digit",
         ("MAX_RESOURCE_KINDS", "MAX_RESOURCE_NAME_BYTES", "MAX_RESOURCE_UNITS", "MAX_UNIT_ID_BYTES"),
+    ),
+    Limit(
+        "job `tasks` (`--tasks N`: a gang, docs/gangs.md)",
+        f"1 to {_n(MAX_GANG_TASKS)} tasks; not with `array`; `spread` only with `tasks`",
+        ("MAX_GANG_TASKS",),
     ),
     Limit(
         "`specs` of one SubmitJobs request (`stockade jobs` splits larger batches)",

@@ -25,9 +25,11 @@ C++ Programming Guide, "CUDA Environment Variables"). Unset for other jobs."""
 
 def job_environment(order: JobOrder) -> dict[str, str]:
     """The variables of ``order``'s job: :data:`JOB_ID` and :data:`ASSIGNMENT_ID`, for a task of
-    an array :data:`ARRAY_ID` and :data:`ARRAY_INDEX`, and for each device it holds
+    an array :data:`ARRAY_ID` and :data:`ARRAY_INDEX`, for each device it holds
     ``STOCKADE_RESOURCE_<NAME>`` (:func:`runtime.resources.env_name`) with its unit ids,
-    comma-separated (``0,3``), and for gpu :data:`CUDA_VISIBLE_DEVICES` too (docs/devices.md)."""
+    comma-separated (``0,3``), and for gpu :data:`CUDA_VISIBLE_DEVICES` too (docs/devices.md);
+    for a gang's task its seat's ``STOCKADE_GANG_*`` (:meth:`runtime.gangs.GangSeat.env`: id,
+    rank, size, port, peers)."""
     env = {JOB_ID: str(order.job_id), ASSIGNMENT_ID: str(order.assignment_id)}
     if order.array_index is not None:
         env[ARRAY_INDEX] = str(order.array_index)
@@ -36,4 +38,6 @@ def job_environment(order: JobOrder) -> dict[str, str]:
         env[env_name(name)] = ",".join(units)
         if name == GPU:
             env[CUDA_VISIBLE_DEVICES] = ",".join(units)
+    if order.gang is not None:
+        env.update(order.gang.env())
     return env

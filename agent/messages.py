@@ -11,6 +11,7 @@ from enum import StrEnum
 
 import attrs
 
+from runtime.gangs import GangSeat
 from runtime.jobs import JobSpec
 from runtime.text import fit_line
 
@@ -98,6 +99,8 @@ class JobOrder:
     units: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """The device units the assignment holds on this worker: (name, unit ids) pairs, given to
     the job alone (docs/devices.md)."""
+    gang: GangSeat | None = None
+    """A gang's task: its seat in the gang (docs/gangs.md); None: not a gang's task."""
 
 
 @attrs.frozen(kw_only=True)

@@ -15,6 +15,7 @@ from agent.messages import AssignOrder, CancelOrder, JobOrder, Refusal
 from protocol import pb
 from runtime import identifiers
 from runtime.errors import InvalidArgument
+from runtime.gangs import gang_seat_from_pb
 from runtime.validation import check_cancel_grace_ms, check_tail_lines
 from runtime.wire_jobs import job_spec_from_pb
 
@@ -31,6 +32,7 @@ def job_order_from_pb(assignment: pb.Assignment) -> JobOrder:
         array_id=assignment.array_id or None if assignment.has_array_index else None,
         placed_before=assignment.placed_before,
         units=tuple((u.name, tuple(u.units)) for u in assignment.units),
+        gang=gang_seat_from_pb(assignment.gang),
     )
 
 

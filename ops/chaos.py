@@ -29,6 +29,9 @@ from ops.chaosresult import (
     DEVICE_JOB_DURATION_S,
     DEVICE_JOB_GPUS,
     FAILING_MAX_ATTEMPTS,
+    GANG_EVERY,
+    GANG_MAX_ATTEMPTS,
+    GANG_SAMPLE_EVERY_S,
     HIGH_PRIORITY,
     HIGH_PRIORITY_EVERY,
     PREEMPTION_JOB_DURATION_S,
@@ -142,6 +145,8 @@ class Harness:
             async with trio.open_nursery() as nursery:
                 stop_submitting = trio.Event()
                 nursery.start_soon(self._submit, addresses, stop_submitting)
+                if s.gangs:
+                    nursery.start_soon(self._sample_partial_gangs, stop_submitting)
                 kill_worker_at = self._spread(s.worker_kills)
                 restart_worker_at = self._spread(s.worker_restarts, offset=1)
                 partition_at = self._spread(s.partitions)
@@ -424,6 +429,7 @@ class Harness:
             low, high = PREEMPTION_JOB_DURATION_S if s.preemption else s.job_duration_s
             duration_s = self._rng.uniform(low, high)
             fails = self._rng.random() < s.failing_share
+            gang = s.gangs and (self._submitted + 1) % GANG_EVERY == 0
             spec = pb.JobSpec(
                 name=f"chaos-{self._submitted + 1}",
                 cpu_millis=self._rng.choice([1000, 2000, 4000] if s.preemption else [100, 250, 500, 1000]),
@@ -443,11 +449,25 @@ class Harness:
                 spec.retry_backoff_ms = 200
             else:
                 spec.sleep = pb.SleepRuntime(duration_ms=int(1000 * duration_s))
+            if gang:
+                # A gang of sleep tasks that may meet worker kills: its final state is not judged
+                # by the submitter (each kill of one of its workers spends an attempt).
+                fails = False
+                spec.sleep = pb.SleepRuntime(duration_ms=int(1000 * duration_s))
+                spec.command = None
+                spec.tasks = self._rng.randint(2, 8)
+                # Spread only where the workers left after a kill hold it (else it waits for the
+                # killed worker's return, which a run with few workers may outlast).
+                spec.spread = self.result.gangs_submitted % 2 == 0 and spec.tasks < s.workers
+                spec.max_attempts = GANG_MAX_ATTEMPTS
             try:
                 reply = await client.call("submit_job", pb.SubmitJobRequest(spec=spec))
                 self._submitted += 1
                 self._acknowledged.append(int(reply.job_id))
-                self._expected[int(reply.job_id)] = "failed" if fails else "succeeded"
+                if gang:
+                    self.result.gangs_submitted += 1
+                else:
+                    self._expected[int(reply.job_id)] = "failed" if fails else "succeeded"
             except StockadeError:
                 pass  # no replica answered this once (one may be frozen): try the next
             next_at += interval
@@ -508,6 +528,19 @@ class Harness:
                 pending = sum(c.count for c in status.jobs if c.state == "pending")
                 self.result.device_samples.append((used, offered, pending))
             with trio.move_on_after(0.5):
+                await stop.wait()
+
+    async def _sample_partial_gangs(self, stop: trio.Event) -> None:
+        """Read the view ``partial_gangs`` every :data:`GANG_SAMPLE_EVERY_S` until ``stop``,
+        counting the reads and those that found a partial gang (docs/gangs.md); a read the
+        database does not answer (it may be restarting) is skipped."""
+        database_url = self.cluster.config().database_url
+        while not stop.is_set():
+            with contextlib.suppress(StockadeError):
+                found = await checker.partial_gangs(database_url)
+                self.result.gang_samples += 1
+                self.result.samples_with_partial_gangs += found > 0
+            with trio.move_on_after(GANG_SAMPLE_EVERY_S):
                 await stop.wait()
 
     async def _wait_finished(self, client: ControlPlaneClient) -> None:

@@ -105,6 +105,11 @@ class ChaosSettings:
     """A schedule firing a short sleep job every this many seconds (6-field cron ``*/N * * * *
     *``, a starting deadline of :data:`CHAOS_SCHEDULE_DEADLINE_S`) runs through the run and is
     paused at its end; the checker proves each of its slots was recorded once (0: none)."""
+    gangs: bool = False
+    """Mix gangs into the jobs (docs/gangs.md): every :data:`GANG_EVERY`-th submission is a gang of
+    2 to 8 sleep tasks (every other one spread when smaller than ``workers``, ``max_attempts``
+    :data:`GANG_MAX_ATTEMPTS`),
+    and the database is sampled for partial gangs every :data:`GANG_SAMPLE_EVERY_S`."""
     preemption: bool = False
     """Run the control planes with preemption on (``--preemption``, a grace of
     :data:`CHAOS_PREEMPT_GRACE_S`, a cooldown of :data:`CHAOS_PREEMPT_COOLDOWN_S`); every
@@ -115,6 +120,14 @@ class ChaosSettings:
     was held by two jobs at once."""
     device_share: float = 0.75
     """With ``devices``: the share of jobs (0 to 1) that ask gpu."""
+
+
+GANG_EVERY = 5
+"""With ``--gangs``, every fifth submission is a gang."""
+GANG_MAX_ATTEMPTS = 20
+"""A chaos gang's attempts: enough for the worker kills it may meet."""
+GANG_SAMPLE_EVERY_S = 0.5
+"""How often a chaos run with ``--gangs`` reads the view ``partial_gangs``."""
 
 
 @attrs.define
@@ -155,6 +168,12 @@ class ChaosResult:
         """Per database failover followed by a placement: seconds from the kill of the primary to it."""
         return [p + r for p, r in zip(self.promotions_s, self.failover_placements_s, strict=False)]
 
+    gangs_submitted: int = 0
+    """Gangs submitted (``--gangs``)."""
+    gang_samples: int = 0
+    """Reads of the view ``partial_gangs`` during the run."""
+    samples_with_partial_gangs: int = 0
+    """Of those, the reads that found a partial gang holding resources (must be 0)."""
     report: checker.CheckReport | None = None
     jobs_made_to_fail: int = 0
     """Jobs submitted to fail (:attr:`ChaosSettings.failing_share`): each must end failed."""
@@ -231,6 +250,10 @@ class ChaosResult:
             "failover_freeze_p50_s": _p50(freezes),
             "failover_freeze_max_s": _max(freezes),
             "jobs_made_to_fail": self.jobs_made_to_fail,
+            "gangs_submitted": self.gangs_submitted,
+            "gang_samples": self.gang_samples,
+            "samples_with_partial_gangs": self.samples_with_partial_gangs,
+            "gang_violations": report.gang_violations if report is not None else None,
             "worker_kills": self.worker_kills,
             "worker_kills_continued": self.worker_kills_continued,
             "worker_restarts": self.worker_restarts,
@@ -257,7 +280,12 @@ class ChaosResult:
 
     @property
     def ok(self) -> bool:
-        return self.report is not None and self.report.ok and not self.errors
+        return (
+            self.report is not None
+            and self.report.ok
+            and not self.errors
+            and self.samples_with_partial_gangs == 0
+        )
 
 
 def _round(value: float | None) -> float | None:
@@ -299,6 +327,17 @@ def chaos_table(result: ChaosResult) -> Group:
         ("failover_kill_p50_s / max", _p50_max_text(kills), None),
         ("failover_freeze_p50_s / max", _p50_max_text(freezes), None),
         ("jobs_made_to_fail (retried once, must end failed)", str(result.jobs_made_to_fail), None),
+        *(
+            [
+                (
+                    "gangs: submitted, samples with a partial gang",
+                    f"{result.gangs_submitted}, {result.samples_with_partial_gangs} of {result.gang_samples}",
+                    result.samples_with_partial_gangs == 0,
+                )
+            ]
+            if result.gangs_submitted
+            else []
+        ),
         ("worker_kills (incarnation continued)", kills_text, None),
         (
             "partitions (rejoined, ran jobs again)",

@@ -59,6 +59,8 @@ class AssignmentRecord:
     assignment had been ended as lost (a late report); None if none."""
     units: tuple[tuple[str, str], ...] = ()
     """The device units (resource, unit id) it held on its worker (docs/devices.md)."""
+    gang_attempt: int | None = None
+    """A gang task's run: the gang's attempt it belongs to (docs/gangs.md); None: not a gang's."""
 
     @property
     def success_recorded(self) -> bool:
@@ -109,6 +111,21 @@ class DeathRecord:
 
 
 @attrs.frozen(kw_only=True)
+class GangAttemptRecord:
+    """One attempt of a gang as the database holds it: its assignments, in how many transactions
+    (distinct ``created_at``: ``now()`` is the transaction's start) and epochs they were
+    committed, and whether every one of them ended with a success."""
+
+    gang_id: int
+    attempt: int
+    size: int
+    assignment_ids: tuple[int, ...]
+    transactions: int
+    epochs: int
+    succeeded: bool
+
+
+@attrs.frozen(kw_only=True)
 class History:
     """What the database says happened."""
 
@@ -127,12 +144,16 @@ class History:
     ``failed`` or ``cancelled`` when a task was); those missing read as the job's own state."""
     job_attempts: dict[int, tuple[int, int]] = attrs.field(factory=dict)
     """Job id -> (attempts it spent, its max_attempts), from ``jobs.failures`` and
-    ``jobs.max_attempts``."""
+    ``jobs.max_attempts`` (a gang's task: its gang's attempts spent, ``gangs.failures``)."""
     schedules: tuple[ScheduleRecord, ...] = ()
     schedule_slots: tuple[SlotRecord, ...] = ()
     policy_jobs: frozenset[int] = frozenset()
     """Jobs with a failure policy (``retry_on_exit`` or ``no_retry_on``), which may end failed
     with attempts left (schema.sql, retry_refusal)."""
+    gang_attempts: tuple[GangAttemptRecord, ...] = ()
+    """Every attempt of every gang (its assignments grouped by gang and ``gang_attempt``)."""
+    partial_gangs: int = 0
+    """Rows of the view ``partial_gangs`` when the history was read (docs/gangs.md)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -224,6 +245,11 @@ class CheckReport:
     (:func:`wrong_final_states`), or the state their submitter expected."""
     unfinished_states: dict[str, int] = attrs.field(factory=dict)
     """The unfinished jobs by state (``pending``, ``waiting``, ``assigned``, ``running``)."""
+    gang_violations: int = 0
+    """Gang attempts not committed whole in one transaction, or that ran part of their tasks
+    (:func:`ops.invariants.gang_violations`), and partial gangs holding resources at the read."""
+    gang_attempts: int = 0
+    """Gang attempts committed (counted)."""
     preemptions: int = 0
     """Assignments a preemption ended (stopped, ``preempted``): counted, not judged; a preempted
     run followed by a new run of its job is not a double run (:func:`ops.invariants.double_runs`)."""
@@ -256,6 +282,7 @@ class CheckReport:
             and self.acknowledged_submissions_lost == 0
             and self.wrong_final_states == 0
             and self.schedule_slot_errors == 0
+            and self.gang_violations == 0
             and (not self.unfinished_job_ids or not self.finish_required)
         )
 
@@ -298,6 +325,8 @@ class CheckReport:
             "schedule_slot_errors": self.schedule_slot_errors,
             "shared_units": self.shared_units,
             "device_assignments": self.device_assignments,
+            "gang_violations": self.gang_violations,
+            "gang_attempts": self.gang_attempts,
             "details": list(self.details),
             "ok": self.ok,
         }
@@ -340,6 +369,11 @@ def report_rows(report: CheckReport) -> list[VerdictRow]:
                 )
             ),
             report.schedule_slot_errors == 0,
+        ),
+        (
+            "gang_violations",
+            f"{report.gang_violations} of {report.gang_attempts} attempts",
+            report.gang_violations == 0,
         ),
         ("stale_writes_rejected", str(report.stale_writes_rejected), None),
         (
@@ -566,7 +600,7 @@ def check_logs(
 ASSIGNMENT_HISTORY = """
 SELECT id AS assignment_id, job_id, worker_id, worker_incarnation AS incarnation, epoch, state,
        end_reason, outcome, extract(epoch FROM created_at)::float8 AS created_at,
-       extract(epoch FROM ended_at)::float8 AS ended_at, held_units(id) AS units
+       extract(epoch FROM ended_at)::float8 AS ended_at, held_units(id) AS units, gang_attempt
   FROM assignments ORDER BY id
 """
 DEATH_HISTORY = """
@@ -575,10 +609,21 @@ SELECT worker_id, incarnation, epoch, extract(epoch FROM declared_at)::float8 AS
   FROM worker_deaths ORDER BY id
 """
 JOB_STATES = """
-SELECT id, state, failures, max_attempts,
-       cardinality(retry_on_exit) + cardinality(no_retry_on) > 0 AS has_policy
-  FROM jobs
+SELECT j.id, j.state, coalesce(g.failures, j.failures) AS failures, j.max_attempts,
+       cardinality(j.retry_on_exit) + cardinality(j.no_retry_on) > 0 AS has_policy
+  FROM jobs j LEFT JOIN gangs g ON g.id = j.gang_id
 """
+GANG_ATTEMPTS = """
+SELECT g.id AS gang_id, a.gang_attempt AS attempt, g.size,
+       array_agg(a.id ORDER BY a.id) AS assignment_ids,
+       count(DISTINCT a.created_at)::int AS transactions, count(DISTINCT a.epoch)::int AS epochs,
+       bool_and(a.state = 'finished' AND a.outcome IS NOT DISTINCT FROM 'succeeded') AS succeeded
+  FROM assignments a JOIN jobs j ON j.id = a.job_id JOIN gangs g ON g.id = j.gang_id
+ WHERE a.gang_attempt IS NOT NULL
+ GROUP BY g.id, a.gang_attempt, g.size
+ ORDER BY g.id, a.gang_attempt
+"""
+PARTIAL_GANGS = "SELECT count(*) FROM partial_gangs"
 STALE_WRITES = "SELECT count(*) FROM stale_writes"
 ELECTIONS = "SELECT count(*) FROM lease_history"
 LEAVES = "SELECT count(*) FROM worker_leaves"
@@ -657,6 +702,16 @@ async def registered_workers(database_url: str) -> frozenset[str]:
         return frozenset(r["id"] for r in await conn.fetch(REGISTERED_WORKERS))
 
 
+async def partial_gangs(database_url: str) -> int:
+    """How many gangs hold resources partially now (the view ``partial_gangs``; docs/gangs.md).
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached.
+    """
+    async with _connection(database_url) as conn:
+        return int(await conn.fetchval(PARTIAL_GANGS))
+
+
 async def load_history(database_url: str) -> History:
     """Read the history from the database (needs the asyncio bridge open).
 
@@ -675,9 +730,16 @@ async def load_history(database_url: str) -> History:
         dependency_cancels = await conn.fetch(DEPENDENCY_CANCELS)
         schedules = await conn.fetch(SCHEDULE_HISTORY)
         slots = await conn.fetch(SLOT_HISTORY)
+        gang_attempts = await conn.fetch(GANG_ATTEMPTS)
+        partial = int(await conn.fetchval(PARTIAL_GANGS))
     return History(
         schedules=tuple(ScheduleRecord(**dict(r)) for r in schedules),
         schedule_slots=tuple(SlotRecord(**dict(r)) for r in slots),
+        gang_attempts=tuple(
+            GangAttemptRecord(**{**dict(r), "assignment_ids": tuple(r["assignment_ids"])})
+            for r in gang_attempts
+        ),
+        partial_gangs=partial,
         assignments=tuple(
             AssignmentRecord(**{**dict(r), "units": tuple((n, u) for n, u in json.loads(r["units"] or "[]"))})
             for r in rows

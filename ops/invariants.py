@@ -114,12 +114,44 @@ def double_placements(assignments: Iterable[AssignmentRecord]) -> dict[int, str]
                         f"{first.worker_id}) and {second.assignment_id} (epoch {second.epoch}, "
                         f"{second.worker_id}) were active at the same time"
                     )
-                elif first.state == "finished" and not _failed_run(first):
+                elif first.state == "finished" and not _failed_run(first) and not _gang_rerun(first, second):
                     # A run that failed may be retried; one that succeeded never runs again.
                     found[job_id] = (
                         f"job {job_id}: placed again as assignment {second.assignment_id} "
                         f"(epoch {second.epoch}) after assignment {first.assignment_id} finished"
                     )
+    return found
+
+
+def _gang_rerun(first: AssignmentRecord, second: AssignmentRecord) -> bool:
+    """Whether ``second`` is a gang task's run in a later attempt of its gang than ``first``:
+    a task that succeeded runs again when its gang's attempt broke (docs/gangs.md)."""
+    return (
+        first.gang_attempt is not None
+        and second.gang_attempt is not None
+        and second.gang_attempt > first.gang_attempt
+    )
+
+
+def gang_violations(history: History, runs: Iterable[Run]) -> list[str]:
+    """What breaks a gang's all or nothing, one line each: an attempt whose assignments are not
+    its gang's size, or were committed in more than one transaction or epoch; an attempt all of
+    whose tasks succeeded while the workers' logs show some never started; partial gangs holding
+    resources when the history was read (``History.partial_gangs``)."""
+    started = {r.assignment_id for r in runs}
+    found = []
+    for g in history.gang_attempts:
+        where = f"gang {g.gang_id} attempt {g.attempt}"
+        if len(g.assignment_ids) != g.size or g.transactions != 1 or g.epochs != 1:
+            found.append(
+                f"{where}: {len(g.assignment_ids)} of {g.size} assignments committed in "
+                f"{g.transactions} transactions and {g.epochs} epochs"
+            )
+        elif g.succeeded and runs and not started.issuperset(g.assignment_ids):
+            missing = sorted(set(g.assignment_ids) - started)
+            found.append(f"{where}: succeeded, but assignments {missing} never started on their workers")
+    if history.partial_gangs:
+        found.append(f"{history.partial_gangs} partial gangs held resources when the history was read")
     return found
 
 
@@ -395,6 +427,7 @@ def check(
     outage_kills = killed_by_outage(runs, faults)
     wrong_states = wrong_final_states(history, expected_final_states)
     slot_errors = schedule_slot_errors(history.schedules, history.schedule_slots, history.job_states)
+    gangs_broken = gang_violations(history, runs)
     lost_ids = sorted(set(acknowledged_job_ids) - set(history.job_states))
     finished = {j for j, s in history.job_states.items() if s in ("succeeded", "failed", "cancelled")}
     unfinished = tuple(sorted(set(history.job_states) - finished))
@@ -407,6 +440,7 @@ def check(
         *outage_kills,
         *wrong_states.values(),
         *slot_errors,
+        *gangs_broken,
         *(f"job {j} was acknowledged to its client but is not in the database" for j in lost_ids),
     ]
     if unfinished:
@@ -442,6 +476,8 @@ def check(
         schedule_slots_fired=sum(1 for s in history.schedule_slots if s.outcome == "fired"),
         schedule_slots_skipped=sum(1 for s in history.schedule_slots if s.outcome == "skipped"),
         schedule_slot_errors=len(slot_errors),
+        gang_violations=len(gangs_broken),
+        gang_attempts=len(history.gang_attempts),
         unfinished_states=unfinished_states,
         finish_required=finish_required,
         shared_units=len(units_shared),

@@ -53,6 +53,8 @@ FIELDS: dict[str, str] = {
     "retry_on_exit": "list of exit codes 1-255: retry only failures that exit with one of these",
     "no_retry_on": "list of reasons (oom_killed, timeout, ...): fail at once when a run fails for one",
     "resources": "table of integers: countable devices each run holds, e.g. {gpu = 2} (docs/devices.md)",
+    "tasks": "integer 1-256: a gang of this many tasks, placed all or nothing (docs/gangs.md)",
+    "spread": "true or false: a gang's tasks go to distinct workers",
 }
 """Every field of a job, with what it holds (``stockade run --help`` lists them)."""
 
@@ -70,6 +72,8 @@ OPTIONS = {
     "retry_on_exit": "--retry-on-exit",
     "no_retry_on": "--no-retry-on",
     "resources": "--resource",
+    "tasks": "--tasks",
+    "spread": "--spread",
 }
 """``stockade submit``'s option of each lifecycle field, as its errors name it (the older fields'
 errors keep the spec's names, but ``--image`` and ``--sleep-s``)."""
@@ -281,6 +285,8 @@ def spec_of_options(options: Mapping[str, Any]) -> JobSpec:
         fields["no_retry_on"] = names_option(options.get("no_retry_on") or ())
         array = options.get("array")
         fields["array"] = None if array is None else parse_array(array, field="array")
+        fields["tasks"] = int_option("tasks", options.get("tasks"))
+        fields["spread"] = bool(options.get("spread")) or None
         return spec_of(fields)
     except InvalidArgument as exc:
         raise renamed(exc, option_field) from None
@@ -388,6 +394,8 @@ _READERS: dict[str, Callable[[str, Any], Any]] = {
     "retry_on_exit": _exit_codes,
     "no_retry_on": _reasons,
     "resources": _resources,
+    "tasks": _whole,
+    "spread": _flag,
 }
 """How each field's value in a file is read (its type; the rules are the spec's)."""
 assert _READERS.keys() == FIELDS.keys()
@@ -461,6 +469,8 @@ def fields_of(spec: JobSpec) -> dict[str, Any]:
             "retry_on_exit": list(spec.retry_on_exit),
             "no_retry_on": list(spec.no_retry_on),
             "resources": dict(spec.resources),
+            "tasks": spec.tasks,
+            "spread": spec.spread or None,
         }
     )
     return fields

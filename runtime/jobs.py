@@ -92,6 +92,8 @@ FAILURE_REASONS = (
 ...``, which ``record_outcomes`` in ``schema.sql`` records as its assignment's end reason; the
 agent's runtimes and the leader's timeouts write them), which ``no_retry_on`` may list. A run
 that names none failed by its exit code (detail ``exit code 2``)."""
+MAX_GANG_TASKS = 256
+"""Most tasks of one gang (``--tasks``): all of them are placed in one fenced commit."""
 
 
 def _argv(value: Iterable[str]) -> tuple[str, ...]:
@@ -411,6 +413,11 @@ class JobSpec:
     resources: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_resources)
     """Countable devices asked (docs/devices.md): (name, count) pairs sorted by name (a mapping
     is taken too), e.g. ``(("gpu", 2),)``; each run gets that many whole units of one worker."""
+    tasks: int | None = None
+    """Submit as a gang of this many tasks, 1 to :data:`MAX_GANG_TASKS`, placed all or nothing
+    (docs/gangs.md); None: not a gang."""
+    spread: bool = False
+    """A gang's tasks go to distinct workers (only with ``tasks``)."""
 
     def check(self) -> JobSpec:
         """This spec, once it is found within every limit (fields in the order above).
@@ -474,6 +481,7 @@ class JobSpec:
             raise InvalidArgument("resources", dict(self.resources), "must name each resource once")
         check_asked(dict(self.resources))
         self._check_failure_policy()
+        self._check_gang()
 
     def _check_failure_policy(self) -> None:
         """The rules of ``retry_on_exit`` and ``no_retry_on``."""
@@ -495,6 +503,20 @@ class JobSpec:
         if twice_named:
             raise InvalidArgument(
                 "no_retry_on", list(self.no_retry_on), f"must list each reason once ({twice_named[0]} twice)"
+            )
+
+    def _check_gang(self) -> None:
+        """The rules of ``tasks`` and ``spread``."""
+        if self.tasks is None:
+            if self.spread:
+                raise InvalidArgument("spread", True, "applies only to a gang: give tasks (--tasks N) too")
+            return
+        if isinstance(self.tasks, bool) or not isinstance(self.tasks, int):
+            raise InvalidArgument("tasks", self.tasks, "must be an integer")
+        check_int_between("tasks", self.tasks, 1, MAX_GANG_TASKS)
+        if self.array is not None:
+            raise InvalidArgument(
+                "tasks", self.tasks, "cannot be combined with array: a job is a gang or an array"
             )
 
     def env_values_hidden(self) -> JobSpec:

@@ -35,6 +35,7 @@ MAX_LIST_LIMIT = 10_000
 MAX_BATCH_JOBS = 10_000
 """The most jobs of one SubmitJobs (``stockade jobs`` splits larger batches)."""
 BATCH_ROWS_RULE = f"must hold at most {MAX_BATCH_JOBS} jobs, each array's tasks counted"
+BATCH_GANG_RULE = "must be unset in a batch (submit a gang with SubmitJob, one per call)"
 MAX_IDEMPOTENCY_KEY_BYTES = 128
 """The longest idempotency key of a mutating call, in bytes of UTF-8."""
 MAX_TAIL_LINES = 100_000
@@ -102,6 +103,8 @@ def check_jobs_steps(
         rows += 1 if job.array is None else job.array.tasks
         if rows > MAX_BATCH_JOBS:
             raise InvalidArgument("specs", f"{rows} rows by specs[{index}]", BATCH_ROWS_RULE)
+        if job.tasks is not None:
+            raise InvalidArgument(f"specs[{index}].tasks", job.tasks, BATCH_GANG_RULE)
         checked.append(job)
         if (index + 1) % step_jobs == 0:
             yield

@@ -49,6 +49,8 @@ def job_spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         no_retry_on=list(spec.no_retry_on),
         after_names=list(spec.after_names),
         resources=[pb.ResourceCount(name=name, count=count) for name, count in spec.resources],
+        tasks=spec.tasks or 0,
+        spread=spec.spread,
     )
     if spec.array is not None:
         message.array = pb.JobArray(**attrs.asdict(spec.array))
@@ -113,4 +115,6 @@ def job_spec_from_pb(message: pb.JobSpec | None, *, strict: bool = True) -> JobS
         retry_on_exit=tuple(message.retry_on_exit),
         no_retry_on=tuple(message.no_retry_on),
         after_names=tuple(message.after_names),
+        tasks=message.tasks or None,
+        spread=message.spread,
     )

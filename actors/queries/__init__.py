@@ -15,6 +15,7 @@ from actors.queries.idempotent import AUDIT_PARAMS, once
 from actors.queries.ingest import *  # noqa: F403
 from actors.queries.jobs import (
     JobColumns,
+    gang_seat_of,
     job_column_arrays,
     job_columns,
     job_spec_of,
@@ -32,6 +33,7 @@ from actors.queries.scheduler import *  # noqa: F403
 __all__ = [
     "AUDIT_PARAMS",
     "JobColumns",
+    "gang_seat_of",
     "job_column_arrays",
     "job_columns",
     "job_spec_of",

@@ -24,15 +24,19 @@ from actors.queries.idempotent import once
 # nothing when one does not exist (its answer is then empty and no key is kept: the caller names
 # the missing ids). A task is waiting while a dependency has not succeeded, or while it is beyond
 # its array's limit (its position k from 1 above the limit); else pending. Answer: one row, id
-# (the job's, or the array's) and tasks (how many rows). Refused whole when $25 is above the
-# owner's max_priority (SQLSTATE SK002), or when its rows would take the owner's pending and
-# waiting jobs over its max_pending (SK001) (schema.sql, check_submission; a replay is not checked).
+# (the job's, or the array's or gang's), tasks (how many rows) and gang (whether a gang). Refused
+# whole when $25 is above the owner's max_priority (SQLSTATE SK002), or when its rows would take
+# the owner's pending and waiting jobs over its max_pending (SK001) (schema.sql,
+# check_submission; a replay is not checked).
+# $27 a gang's tasks (NULL: not a gang) and $28 whether they spread: one row per task, ranks 0 to
+# $27 - 1, gang_id the first task's id, and the gang's row (docs/gangs.md).
 SUBMIT_JOB = once(
     "submit_job",
     """
-SELECT min(id) AS id, count(*) AS tasks FROM inserted HAVING count(*) > 0
+SELECT min(id) AS id, count(*) AS tasks, bool_or(gang_id IS NOT NULL) AS gang FROM inserted
+HAVING count(*) > 0
 """,
-    params=26,
+    params=28,
     action="submit",
     steps="""deps AS (
     SELECT (SELECT count(*) FROM jobs d WHERE d.id = ANY($16::bigint[])
@@ -42,20 +46,26 @@ SELECT min(id) AS id, count(*) AS tasks FROM inserted HAVING count(*) > 0
                       WHERE s.state <> 'succeeded'), '{}') AS unfinished
 ),
 queued AS (
-    SELECT check_submission($23::text, coalesce($18::int - $17::int + 1, 1), $25::bigint) AS ok FROM fresh
+    SELECT check_submission($23::text, coalesce($18::int - $17::int + 1, $27::int, 1), $25::bigint) AS ok
+      FROM fresh
 ),
 first AS (
     SELECT nextval('jobs_id_seq') AS id FROM fresh, deps, queued WHERE deps.all_exist AND queued.ok
 ),
 tasks AS (
     SELECT i, row_number() OVER (ORDER BY i) AS k
-      FROM generate_series(coalesce($17::int, 0), coalesce($18::int, 0)) AS i
+      FROM generate_series(coalesce($17::int, 0), coalesce($18::int, $27::int - 1, 0)) AS i
+),
+gang AS (
+    INSERT INTO gangs (id, size, spread, max_attempts)
+    SELECT f.id, $27::int, $28::boolean, $9::int FROM first f WHERE $27::int IS NOT NULL
 ),
 inserted AS (
     INSERT INTO jobs (id, name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
                       max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env,
                       workdir, after_ids, array_id, array_index, array_max_running, state, reason,
-                      pending_seq, owner, retry_on_exit, no_retry_on, array_max_failed, resources)
+                      pending_seq, owner, retry_on_exit, no_retry_on, array_max_failed, resources,
+                      gang_id, gang_rank)
     SELECT CASE WHEN t.k = 1 THEN f.id ELSE nextval('jobs_id_seq') END,
            $1::text, $2::int, $3::int, $4::int, $5::text, $6::bigint, $7::text[], $8::text,
            $9::int, $10::bigint, $11::boolean, $12::bigint, $13::jsonb, $14::jsonb, $15::text,
@@ -71,10 +81,12 @@ inserted AS (
                 THEN 'array limit: ' || $19::int || ' running'
                 ELSE '' END,
            nextval('pending_seq'), $23::text, $20::int[], $21::text[],
-           CASE WHEN $17::int IS NULL THEN NULL ELSE $22::int END, $26::jsonb
+           CASE WHEN $17::int IS NULL THEN NULL ELSE $22::int END, $26::jsonb,
+           CASE WHEN $27::int IS NULL THEN NULL ELSE f.id END,
+           CASE WHEN $27::int IS NULL THEN NULL ELSE t.i END
       FROM first f, deps, tasks t
      ORDER BY t.k
- RETURNING id
+ RETURNING id, gang_id
 ),""",
 )
 
@@ -247,7 +259,8 @@ SELECT coalesce(array_agg(i ORDER BY i), '{}') FROM unnest($1::bigint[]) AS i
 # of the array that has not ended (an array's id is its first task's). Pending or waiting:
 # cancelled at once. Assigned or running: the leader cancels it on its worker and ends the
 # assignment (a fenced write). A job that has ended is left as it is, but answered (a job of its
-# own; an array's id when every task has ended). Answer: one row (none: no such job): id, state
+# own; an array's id when every task has ended). A gang's task: every task of its gang, and the
+# gang is cancelled (docs/gangs.md). Answer: one row (none: no such job): id, state
 # (cancelled when any was cancelled at once, else the first's), cancel_requested (any), tasks
 # (how many the call cancelled or is cancelling, 0 for a job).
 CANCEL_JOB = once(
@@ -257,7 +270,7 @@ SELECT $1::bigint AS id,
        CASE WHEN bool_or(was_open AND state = 'cancelled') THEN 'cancelled'
             ELSE (array_agg(state ORDER BY id))[1] END AS state,
        bool_or(cancel_requested) AS cancel_requested,
-       CASE WHEN bool_or(array_id = $1::bigint) AND NOT $2::boolean
+       CASE WHEN (bool_or(array_id = $1::bigint) AND NOT $2::boolean) OR bool_or(gang_id IS NOT NULL)
             THEN count(*) FILTER (WHERE was_open) ELSE 0 END AS tasks
   FROM cancelled
 HAVING count(*) > 0
@@ -273,6 +286,9 @@ HAVING count(*) > 0
        AND ($3::text IS NULL OR owner = $3::text)
        AND (id = $1::bigint
             OR (NOT $2::boolean AND array_id = $1::bigint
+                AND state IN ('waiting', 'pending', 'assigned', 'running'))
+            -- a gang runs whole: a cancel of any of its tasks cancels every one (docs/gangs.md)
+            OR (gang_id = (SELECT g.gang_id FROM jobs g WHERE g.id = $1::bigint)
                 AND state IN ('waiting', 'pending', 'assigned', 'running')))
        FOR UPDATE
 ),
@@ -287,8 +303,12 @@ cancelled AS (
            finished_at = CASE WHEN j.state IN ('pending', 'waiting') THEN now() ELSE j.finished_at END
       FROM targets t
      WHERE j.id = t.id
- RETURNING j.id, j.array_id, j.state, j.cancel_requested,
+ RETURNING j.id, j.array_id, j.gang_id, j.state, j.cancel_requested,
            t.was IN ('waiting', 'pending', 'assigned', 'running') AS was_open
+),
+gang_cancelled AS (
+    UPDATE gangs g SET state = 'cancelled', detail = 'cancelled'
+     WHERE g.id IN (SELECT gang_id FROM cancelled) AND g.state = 'live'
 ),""",
 )
 

@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from runtime.constraints import Constraint
+from runtime.gangs import GangSeat
 from runtime.jobs import ArrayRange, CommandRuntime, ContainerRuntime, JobRuntime, JobSpec, SleepRuntime
 from runtime.validation import pipeline_order
 
@@ -88,6 +89,20 @@ def job_spec_of(row: Mapping[str, Any]) -> JobSpec:
         priority=int(priority),
         runtime=runtime,
         **_lifecycle(row),
+    )
+
+
+def gang_seat_of(row: Mapping[str, Any]) -> GangSeat | None:
+    """A gang task's seat from a row with :data:`GANG_SEAT`'s columns (``gang_id`` NULL or
+    absent: not a gang's task)."""
+    if row.get("gang_id") is None or row.get("gang_port") is None:
+        return None
+    return GangSeat(
+        gang_id=int(row["gang_id"]),
+        rank=int(row["gang_rank"]),
+        size=int(row["gang_size"]),
+        port=int(row["gang_port"]),
+        peers=tuple(row["gang_peers"] or ()),
     )
 
 
@@ -240,10 +255,10 @@ def job_template(spec: JobSpec) -> str:
     :data:`TEMPLATE_COLUMNS`, ``constraints`` and ``env`` as JSON values.
 
     Raises:
-        ValueError: the spec has no runtime, or has dependencies or an array.
+        ValueError: the spec has no runtime, or has dependencies, an array or a gang's tasks.
     """
-    if spec.after or spec.after_names or spec.array is not None:
-        raise ValueError(f"job {spec.name!r}: a schedule's job has no after or array")
+    if spec.after or spec.after_names or spec.array is not None or spec.tasks is not None:
+        raise ValueError(f"job {spec.name!r}: a schedule's job has no after, array or tasks")
     columns = attrs.asdict(job_columns(spec))
     template = {name: columns[name] for name in TEMPLATE_COLUMNS}
     template["constraints"] = json.loads(template["constraints"])

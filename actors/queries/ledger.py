@@ -9,6 +9,26 @@ from __future__ import annotations
 # lock commits or aborts; the leader's renewal (it changes only expires_at) does not.
 FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE"
 
+GANG_PORT_FIRST = 42000
+"""The first port of the range the leader gives gang tasks on every worker (docs/gangs.md)."""
+GANG_PORT_COUNT = 1000
+"""How many ports the range holds: most gang tasks active on one worker at once."""
+
+# A gang task's seat in its gang (docs/gangs.md), for a LATERAL join on its job ``j``: the gang's
+# id, size, the task's rank and its active assignment's port, and every task's host:port by rank
+# (the host of its worker's address) for the gang's newest attempt.
+GANG_SEAT = """
+SELECT j.gang_id, j.gang_rank, g.size AS gang_size,
+       (SELECT a.gang_port FROM assignments a WHERE a.job_id = j.id AND a.state = 'active') AS gang_port,
+       (SELECT array_agg(regexp_replace(w.address, ':[0-9]+$', '') || ':' || a.gang_port
+                         ORDER BY t.gang_rank)
+          FROM jobs t
+          JOIN assignments a ON a.job_id = t.id AND a.gang_attempt = g.attempts
+          JOIN workers w ON w.id = a.worker_id
+         WHERE t.gang_id = g.id AND a.state = 'active') AS gang_peers
+  FROM gangs g WHERE g.id = j.gang_id
+"""
+
 # One round's placements as one fenced statement: the fence, the claim, the assignments and
 # the pending reasons commit together in one round trip (the statement is its own transaction).
 # $1 job ids, $2 worker ids, $3 incarnations, $4 epoch, $5 fenced (always true but in the
@@ -18,6 +38,14 @@ FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE"
 # index assignment_units_one_active_holder refuses, and rolls the whole statement back, a unit
 # another active assignment holds (the placer chose free ones: a backstop, as
 # assignments_one_active_per_job).
+#
+# A gang's tasks (docs/gangs.md) are claimed all or none: ``gang_rows`` locks their live gangs and
+# then ``gang_tasks`` their tasks (FOR UPDATE, in that order, as schema.sql's gang_runs_ended
+# takes them), so that what ``gang_whole`` finds (every task of the gang among the placements,
+# pending, on an open worker, with a free port) still holds when ``claimed`` claims them. Each
+# task gets the lowest port of the gang port range (GANG_PORT_FIRST, GANG_PORT_COUNT) free on its
+# worker (no active assignment there holds it; ports of one statement by task id), and every
+# assignment of the gang the gang's new attempt.
 #
 # The share lock on the lease row is taken before any row is written: every written row comes
 # from ``p`` or ``r``, which read ``allowed``, which reads ``fence``. Under READ COMMITTED a
@@ -43,7 +71,7 @@ FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE"
 # ``claimed``. A CTE has no index and, planned generically, such a join is a nested loop: with
 # 2,000 placements it took 350 of the statement's 384 ms. The reasons skip placed jobs with a
 # hashed ``NOT IN`` (``<> ALL`` compared every reason with every placement).
-COMMIT_PLACEMENTS = """
+COMMIT_PLACEMENTS = f"""
 WITH fence AS (
     SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE
 ),
@@ -63,20 +91,65 @@ open_workers AS (
      ORDER BY w.id
        FOR KEY SHARE OF w
 ),
+gang_rows AS (
+    SELECT g.id, g.size FROM gangs g
+     WHERE g.id IN (SELECT j.gang_id FROM jobs j
+                     WHERE j.id IN (SELECT job_id FROM p) AND j.gang_id IS NOT NULL)
+       AND g.state = 'live'
+     ORDER BY g.id
+       FOR UPDATE OF g
+),
+gang_tasks AS (
+    SELECT j.id, j.gang_id, j.state FROM jobs j
+     WHERE j.gang_id IN (SELECT id FROM gang_rows) AND j.id IN (SELECT job_id FROM p)
+     ORDER BY j.id
+       FOR UPDATE OF j
+),
+gang_ported AS (
+    SELECT r.*,
+           (SELECT port
+              FROM generate_series({GANG_PORT_FIRST}, {GANG_PORT_FIRST + GANG_PORT_COUNT - 1}) AS port
+             WHERE port <> ALL (r.used)
+             ORDER BY port OFFSET r.k - 1 LIMIT 1) AS port
+      FROM (SELECT t.id, t.gang_id, t.state, p.worker_id, p.incarnation,
+                   row_number() OVER (PARTITION BY p.worker_id ORDER BY t.id) AS k,
+                   coalesce((SELECT array_agg(a.gang_port) FROM assignments a
+                              WHERE a.worker_id = p.worker_id AND a.state = 'active'
+                                AND a.gang_port IS NOT NULL), '{{}}') AS used
+              FROM gang_tasks t JOIN p ON p.job_id = t.id) r
+),
+gang_whole AS (
+    UPDATE gangs g SET attempts = g.attempts + 1
+      FROM (SELECT r.gang_id FROM gang_ported r
+              JOIN gang_rows gr ON gr.id = r.gang_id
+              LEFT JOIN open_workers w ON w.id = r.worker_id AND w.incarnation = r.incarnation
+             GROUP BY r.gang_id, gr.size
+            HAVING count(*) = gr.size
+               AND bool_and(r.state = 'pending' AND w.id IS NOT NULL AND r.port IS NOT NULL)) whole
+     WHERE g.id = whole.gang_id AND g.state = 'live'
+ RETURNING g.id, g.attempts
+),
 claimed AS (
     UPDATE jobs j
        SET state = 'assigned', reason = '', attempts = j.attempts + 1
       FROM p JOIN open_workers w ON w.id = p.worker_id AND w.incarnation = p.incarnation
      WHERE j.id = p.job_id AND (j.state = 'pending' OR NOT $5::boolean)
+       AND (j.gang_id IS NULL OR j.gang_id IN (SELECT id FROM gang_whole))
  RETURNING nextval('assignments_id_seq') AS assignment_id, j.id, p.worker_id, p.incarnation,
            j.cpu_millis, j.memory_mb, j.name, j.priority, j.runtime, j.sleep_ms,
            j.attempts > 1 AS placed_before,
-           (j.argv IS NOT NULL OR j.timeout_ms IS NOT NULL OR j.env <> '{}'::jsonb OR j.workdir <> ''
-            OR j.array_index IS NOT NULL) AS has_payload
+           (j.argv IS NOT NULL OR j.timeout_ms IS NOT NULL OR j.env <> '{{}}'::jsonb OR j.workdir <> ''
+            OR j.array_index IS NOT NULL OR j.gang_id IS NOT NULL) AS has_payload,
+           j.gang_id
 ),
 created AS (
-    INSERT INTO assignments (id, job_id, worker_id, worker_incarnation, cpu_millis, memory_mb, epoch)
-    SELECT assignment_id, id, worker_id, incarnation, cpu_millis, memory_mb, $4 FROM claimed
+    INSERT INTO assignments (id, job_id, worker_id, worker_incarnation, cpu_millis, memory_mb, epoch,
+                             gang_attempt, gang_port)
+    SELECT c.assignment_id, c.id, c.worker_id, c.incarnation, c.cpu_millis, c.memory_mb, $4,
+           CASE WHEN c.gang_id IS NOT NULL
+                THEN (SELECT g.attempts FROM gang_whole g WHERE g.id = c.gang_id) END,
+           CASE WHEN c.gang_id IS NOT NULL THEN (SELECT r.port FROM gang_ported r WHERE r.id = c.id) END
+      FROM claimed c
 ),
 held AS (
     INSERT INTO assignment_units (assignment_id, worker_id, resource, unit)
@@ -97,11 +170,19 @@ SELECT fence.epoch AS epoch_seen, claimed.*
 
 # $1 job ids. What a worker needs of a job beyond its size and runtime kind: the commands of
 # command and container jobs (and a container's image), the timeout, the environment, the
-# working directory and the array task's index; read after their placement committed.
-JOB_ARGVS = """
-SELECT id, argv, image, timeout_ms, env::text AS env, workdir, array_index, array_id
-  FROM jobs WHERE id = ANY($1::bigint[])
+# working directory, the array task's index and a gang task's seat (GANG_SEAT); read after their
+# placement committed.
+JOB_ARGVS = (
+    """
+SELECT j.id, j.argv, j.image, j.timeout_ms, j.env::text AS env, j.workdir, j.array_index, j.array_id,
+       s.*
+  FROM jobs j
+  LEFT JOIN LATERAL ("""
+    + GANG_SEAT
+    + """) s ON j.gang_id IS NOT NULL
+ WHERE j.id = ANY($1::bigint[])
 """
+)
 
 # $1 epoch, $2 dead_after_s, $3 worker ids, $4 incarnations, $5 the leader's silence floor
 # (unix seconds, database time; NULL for none). Re-judged by database time on heartbeats any
@@ -295,7 +376,8 @@ SELECT id FROM marked
 # assignments marked to be preempted whose worker acknowledged the stop (invariant 6); one that
 # ended on its own during the grace is no longer active, and its outcome stands. They end as
 # stopped ('preempted', its detail naming the preempting job, which the job's events show after
-# the placer cleared the job's pending reason), and their jobs go to schema.sql's
+# the placer cleared the job's pending reason; a gang's stop, preempted_by NULL, as 'gang_stopped':
+# schema.sql, gang_runs_ended), and their jobs go to schema.sql's
 # requeue_unspent: no attempt spent, no loss, no backoff. Returns each one ended, its job, the
 # preempting job and whether the job was requeued (PREEMPTED_REASONS then says why, in a
 # statement of its own: requeue_unspent's update is a later command than this statement's
@@ -303,8 +385,11 @@ SELECT id FROM marked
 END_PREEMPTED_ASSIGNMENTS = """
 WITH ended AS (
     UPDATE assignments
-       SET state = 'stopped', ended_at = now(), ended_epoch = $1, end_reason = 'preempted',
-           detail = 'preempted by job ' || preempted_by
+       SET state = 'stopped', ended_at = now(), ended_epoch = $1,
+           end_reason = CASE WHEN preempted_by IS NULL THEN 'gang_stopped' ELSE 'preempted' END,
+           detail = CASE WHEN preempted_by IS NULL
+                         THEN 'gang_stopped: another task of its gang attempt ended'
+                         ELSE 'preempted by job ' || preempted_by END
      WHERE id = ANY($2::bigint[]) AND state = 'active' AND preempt_requested_at IS NOT NULL
  RETURNING id, job_id, preempted_by
 ),

@@ -11,7 +11,8 @@ SELECT id, address, incarnation, cpu_millis, memory_mb, cpu_allocated_millis, me
   FROM live_workers($1, $2)
 """
 
-# $1 limit. Every pending job (the placer's full resync; schema.sql, placeable_jobs), highest
+# $1 limit. Every pending job (the placer's full resync; schema.sql, placeable_jobs, a gang's
+# task with its gang's id, its rank and the gang's size and spread: actors/gangs.py), highest
 # priority first, then submission order, as parallel arrays in one row (NULL when there are
 # none), with the snapshot the statement read in (pg_current_snapshot() is the statement's own),
 # as the placer's PendingMark needs it: xmax, the first transaction id not yet assigned, and xip,
@@ -25,7 +26,9 @@ SELECT p.*, pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xmax,
                array_agg(pending_seq) AS p_pending_seq, array_agg(wait_s) AS p_wait_s,
                array_agg(container) AS p_container, array_agg(constraints) AS p_constraints,
                array_agg(failed_on) AS p_failed_on, array_agg(owner) AS p_owner,
-               array_agg(resources) AS p_resources
+               array_agg(resources) AS p_resources,
+               array_agg(gang_id) AS p_gang_id, array_agg(gang_rank) AS p_gang_rank,
+               array_agg(gang_size) AS p_gang_size, array_agg(gang_spread) AS p_gang_spread
           FROM (SELECT * FROM placeable_jobs ORDER BY priority DESC, id LIMIT $1) ps) p,
        (SELECT pg_current_snapshot() AS s) snap
 """
@@ -82,7 +85,9 @@ SELECT w.*, p.*, q.*, f.*, pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xm
                array_agg(pending_seq) AS p_pending_seq, array_agg(wait_s) AS p_wait_s,
                array_agg(container) AS p_container, array_agg(constraints) AS p_constraints,
                array_agg(failed_on) AS p_failed_on, array_agg(owner) AS p_owner,
-               array_agg(resources) AS p_resources
+               array_agg(resources) AS p_resources,
+               array_agg(gang_id) AS p_gang_id, array_agg(gang_rank) AS p_gang_rank,
+               array_agg(gang_size) AS p_gang_size, array_agg(gang_spread) AS p_gang_spread
           FROM ((SELECT * FROM placeable_jobs WHERE (pending_xid, pending_seq) > ($2, $3)
                   ORDER BY pending_xid, pending_seq LIMIT $4)
                 UNION ALL

@@ -20,8 +20,11 @@ SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_m
        extract(epoch FROM j.finished_at)::float8 AS finished_unix_s,
        j.stdout_path, j.stderr_path, j.detail, j.owner,
        a.id AS assignment_id, a.worker_id, a.epoch, r.array_first, r.array_last,
-       extract(epoch FROM now())::float8 AS read_unix_s
+       extract(epoch FROM now())::float8 AS read_unix_s,
+       j.gang_id, j.gang_rank, g.size AS gang_size, g.spread AS gang_spread, g.state AS gang_state,
+       g.attempts AS gang_attempts, g.failures AS gang_failures, g.detail AS gang_detail
   FROM jobs j
+  LEFT JOIN gangs g ON g.id = j.gang_id
   LEFT JOIN LATERAL (
       SELECT id, worker_id, epoch FROM assignments
        WHERE job_id = j.id ORDER BY id DESC LIMIT 1

@@ -4,6 +4,8 @@ cancel-requested assignments, those of drains whose deadline has passed, and tho
 
 from __future__ import annotations
 
+from actors.queries.ledger import GANG_SEAT
+
 # The database's time, and every worker judged by its silence (the view judged_workers) with the
 # time (database time) since its last recorded heartbeat or, when later, since the server started
 # (pg_postmaster_start_time(): a restart is an outage, and no worker could heartbeat through it) or
@@ -22,17 +24,22 @@ SELECT n.now_unix_s, w.id, w.incarnation, greatest(w.dead_after_ms, n.policy_ms)
 
 # Active assignments on live workers of the right incarnation, with what a stop or a re-send
 # needs; each query below narrows them with AND ... and orders them by id.
-_ACTIVE_ON_LIVE_WORKERS = """
+_ACTIVE_ON_LIVE_WORKERS = (
+    """
 SELECT a.id AS assignment_id, a.job_id, a.worker_id, a.worker_incarnation AS incarnation,
        a.epoch, w.address, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_ms, j.argv,
        j.image, j.timeout_ms, j.env::text AS env, j.workdir, j.array_index, j.array_id,
        j.attempts > 1 AS placed_before, extract(epoch FROM now() - a.created_at)::float8 AS age_s,
-       held_units(a.id) AS units
+       held_units(a.id) AS units, s.*
   FROM assignments a
   JOIN workers w ON w.id = a.worker_id
   JOIN jobs j ON j.id = a.job_id
+  LEFT JOIN LATERAL ("""
+    + GANG_SEAT
+    + """) s ON j.gang_id IS NOT NULL
  WHERE a.state = 'active' AND w.state = 'alive' AND w.incarnation = a.worker_incarnation
 """
+)
 
 # Active assignments no heartbeat has confirmed, on live workers of the right incarnation.
 UNCONFIRMED_ASSIGNMENTS = (
@@ -125,12 +132,15 @@ DRAIN_DUE_ASSIGNMENTS = (
 # the right incarnation: stopped on their worker with the preemption's grace, then ended and
 # requeued (queries.END_PREEMPTED_ASSIGNMENTS). Jobs a user asked to cancel are left to
 # CANCEL_REQUESTED_ASSIGNMENTS. A mark whose preempting job is no longer pending (cancelled, or
-# placed elsewhere) has lapsed: its run is left alone. Index assignments_preempt_requested.
+# placed elsewhere) has lapsed: its run is left alone. A mark with no preempting job is a gang's
+# stop (schema.sql, gang_runs_ended: another task of its attempt ended) and never lapses. Index
+# assignments_preempt_requested.
 PREEMPT_DUE_ASSIGNMENTS = (
     _ACTIVE_ON_LIVE_WORKERS
     + """
    AND a.preempt_requested_at IS NOT NULL AND NOT j.cancel_requested
-   AND EXISTS (SELECT 1 FROM jobs p WHERE p.id = a.preempted_by AND p.state = 'pending')
+   AND (a.preempted_by IS NULL
+        OR EXISTS (SELECT 1 FROM jobs p WHERE p.id = a.preempted_by AND p.state = 'pending'))
  ORDER BY a.id
 """
 )

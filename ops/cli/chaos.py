@@ -90,6 +90,14 @@ def chaos(
             "retried once and end failed, every other job succeeded.",
         ),
     ] = 0.1,
+    gangs: Annotated[
+        bool,
+        typer.Option(
+            "--gangs",
+            help="Make every fifth submission a gang of 2 to 8 sleep tasks (every other one spread) and "
+            "sample the database for partial gangs during the run (docs/gangs.md).",
+        ),
+    ] = False,
     seed: Annotated[int, typer.Option(help="Seed of the job stream and the worker kills.")] = 1,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the results as JSON.")] = None,
     state_dir: Annotated[
@@ -201,6 +209,7 @@ def chaos(
         preemption=preemption,
         schedule_every_s=schedule_every_s,
         devices=devices,
+        gangs=gangs,
     )
     harness = Harness(settings=settings, cluster=cluster, progress=lambda line: err_console().print(line))
     try:

@@ -137,6 +137,17 @@ def lifecycle_rows(info: Job) -> list[tuple[str, str]]:
         limit = spec.array.max_failed_tasks
         failing = f", failed once {limit} tasks have failed (max_failed_tasks)" if limit else ""
         rows.append(("array", f"{spec.array.describe()} ({spec.array.tasks} tasks{failing})"))
+    if info.gang is not None:
+        gang = info.gang
+        spread = ", spread" if gang.spread else ""
+        rows.append(
+            (
+                "gang",
+                f"task {gang.rank} of gang {gang.gang_id} ({gang.size} tasks{spread}): {gang.state}, "
+                f"placed {gang.attempts} times, {gang.failures} attempts spent"
+                + (f"; {gang.detail}" if gang.detail else ""),
+            )
+        )
     if info.array_counts:
         rows.append(("tasks", "  ".join(f"{state} {count}" for state, count in info.array_counts)))
     return rows

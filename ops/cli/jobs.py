@@ -145,6 +145,8 @@ def spec_of_submit_options(options: Mapping[str, Any]) -> JobSpec:
             "max_failed_tasks": options.get("max_failed_tasks"),
             "retry_on_exit": options.get("retry_on_exit") or [],
             "no_retry_on": options.get("no_retry_on") or [],
+            "tasks": options.get("tasks"),
+            "spread": options.get("spread") or False,
         }
     )
 
@@ -305,6 +307,19 @@ def submit(
             show_default=False,
         ),
     ] = None,
+    tasks: Annotated[
+        str | None,
+        typer.Option(
+            metavar="N",
+            help="Submit a gang of N tasks (1-256) placed all or nothing, each with STOCKADE_GANG_RANK, "
+            "STOCKADE_GANG_SIZE, STOCKADE_GANG_PORT and STOCKADE_GANG_PEERS; one failing stops the "
+            "others and the gang runs again whole (docs/gangs.md).",
+            show_default=False,
+        ),
+    ] = None,
+    spread: Annotated[
+        bool, typer.Option("--spread", help="Put a gang's tasks on distinct workers (with --tasks).")
+    ] = False,
     idempotency_key: IdempotencyKeyOption = None,
     control_planes: ControlPlanesOption = None,
 ) -> None:

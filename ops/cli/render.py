@@ -289,7 +289,8 @@ def job_status_json(info: Job) -> dict[str, Any]:
     ``finished_unix_s`` and ``not_before_unix_s`` (Unix seconds, or null), ``array_id`` and
     ``array_index`` (or null), ``array_counts`` (tasks by state), ``attempt_history`` (oldest
     first, :func:`attempt_json`), ``stdout_path`` and ``stderr_path`` (or null), ``owner`` (the
-    account that submitted it, or null).
+    account that submitted it, or null), ``gang`` (a gang's task: its gang's id, its rank, the
+    gang's size, spread, state, attempts, failures and detail; or null).
     """
     return {
         "job_id": info.job_id,
@@ -312,6 +313,7 @@ def job_status_json(info: Job) -> dict[str, Any]:
         "stdout_path": info.stdout_path,
         "stderr_path": info.stderr_path,
         "owner": info.owner,
+        "gang": None if info.gang is None else attrs.asdict(info.gang),
     }
 
 
@@ -373,7 +375,9 @@ def print_jobs(jobs: tuple[Job, ...]) -> None:
         detail = cut_line(runtime_text(spec)) + (f"  ({info.reason})" if info.reason else "")
         table.add_row(
             str(info.job_id),
-            Text(task_name(spec.name, info.array_index)) if spec else "-",
+            Text(task_name(spec.name, info.array_index if info.gang is None else info.gang.rank))
+            if spec
+            else "-",
             Text(info.owner or "-"),
             info.state,
             str(spec.cpu_millis) if spec else "-",

@@ -34,9 +34,17 @@ schedule_app = command_group(
     "schedule", "Periodic jobs: one job per slot of a cron expression in a time zone, each slot fired once."
 )
 
-NOT_FOR_SCHEDULES = ("after", "array", "max_failed_tasks", "idempotency_key", "control_planes")
+NOT_FOR_SCHEDULES = (
+    "after",
+    "array",
+    "max_failed_tasks",
+    "tasks",
+    "spread",
+    "idempotency_key",
+    "control_planes",
+)
 """``submit``'s parameters ``schedule add`` does not take from it: a schedule's job waits for no
-other and is no array (so has no max_failed_tasks); the key and the control planes it declares
+other and is no array (so has no max_failed_tasks) and no gang; the key and the control planes it declares
 itself (after the job's)."""
 
 _ADD_OWN: list[inspect.Parameter] = [

@@ -104,6 +104,8 @@ class Job:
     left, whatever this machine's clock says); None when the control plane did not say."""
     owner: str | None = None
     """The account that submitted it (docs/accounts.md); None when the control plane did not say."""
+    gang: JobGang | None = None
+    """A gang's task: its gang and where the gang stands (docs/gangs.md); None: not a task."""
 
     @property
     def ended(self) -> bool:
@@ -118,6 +120,24 @@ class Job:
     def array_count(self, state: str) -> int:
         """How many tasks of its array are in ``state`` (0 when it is no task of an array)."""
         return sum(count for name, count in self.array_counts if name == state)
+
+
+@attrs.frozen(kw_only=True)
+class JobGang:
+    """A gang task's gang (``Job.gang``; docs/gangs.md)."""
+
+    gang_id: int
+    rank: int
+    size: int
+    spread: bool
+    state: str
+    """live, succeeded, failed or cancelled."""
+    attempts: int
+    """How many times it was placed whole."""
+    failures: int
+    """Its attempts spent (a task failed or was lost)."""
+    detail: str
+    """Why its last attempt broke, or why it failed."""
 
 
 @attrs.frozen(kw_only=True)
@@ -454,6 +474,18 @@ def job_from_pb(message: pb.JobInfo) -> Job:
         array_index=int(message.array_index) if message.array_id else None,
         array_counts=tuple((c.state, int(c.count)) for c in message.array_counts),
         attempt_history=tuple(attempt_from_pb(a) for a in message.attempt_history),
+        gang=None
+        if message.gang is None
+        else JobGang(
+            gang_id=message.gang.gang_id,
+            rank=message.gang.rank,
+            size=message.gang.size,
+            spread=message.gang.spread,
+            state=message.gang.state,
+            attempts=message.gang.attempts,
+            failures=message.gang.failures,
+            detail=message.gang.detail,
+        ),
     )
 
 

@@ -118,6 +118,8 @@ def test_a_clean_run_passes() -> None:
         "schedule_slot_errors": 0,
         "shared_units": 0,
         "device_assignments": 0,
+        "gang_violations": 0,
+        "gang_attempts": 0,
         "details": [],
         "ok": True,
     }

@@ -33,6 +33,8 @@ FIELD_KEYS = [
     "retry_on_exit",
     "no_retry_on",
     "resources",
+    "tasks",
+    "spread",
 ]
 """The fields of a command job, in order, as a job file holds them (``ops.jobfields.fields_of``)."""
 STATUS_KEYS = [
@@ -56,6 +58,7 @@ STATUS_KEYS = [
     "stdout_path",
     "stderr_path",
     "owner",
+    "gang",
 ]
 """The keys of a job's ``status``, in order (documented in ``ops.cli.render.job_status_json``)."""
 
@@ -132,6 +135,8 @@ def test_job_json_is_a_job_file_with_a_status(answers: list[tuple[str, Any]]) ->
         "retry_on_exit": [],
         "no_retry_on": [],
         "resources": {},
+        "tasks": None,
+        "spread": None,
     }
     assert list(data["status"]) == STATUS_KEYS
     assert data["status"] == {
@@ -155,6 +160,7 @@ def test_job_json_is_a_job_file_with_a_status(answers: list[tuple[str, Any]]) ->
         "stdout_path": "/work/w-2/jobs/7-11/stdout.log",
         "stderr_path": "/work/w-2/jobs/7-11/stderr.log",
         "owner": "alice",
+        "gang": None,
     }
     assert answers == [("get_job", pb.GetJobRequest(job_id=7))]
 

@@ -23,6 +23,7 @@ __all__ = (
     "ControlPlaneStub",
     "CordonWorkerRequest",
     "DrainWorkerRequest",
+    "GangSeat",
     "GetAccountRequest",
     "GetJobEventsReply",
     "GetJobEventsRequest",
@@ -32,6 +33,7 @@ __all__ = (
     "JobArray",
     "JobCount",
     "JobEvent",
+    "JobGang",
     "JobInfo",
     "JobOutcome",
     "JobSpec",
@@ -183,6 +185,11 @@ class Assignment(betterproto2.Message):
     The device units this assignment holds on the worker (the placer chose them; no other
     active assignment holds one): set as STOCKADE_RESOURCE_<NAME> and, for gpu,
     CUDA_VISIBLE_DEVICES; a container is given those GPUs only.
+    """
+
+    gang: "GangSeat | None" = betterproto2.field(70, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    A gang's task (docs/gangs.md): its rank and place among its peers, set as STOCKADE_GANG_*.
     """
 
 
@@ -505,6 +512,32 @@ default_message_pool.register_message("stockade.v1", "DrainWorkerRequest", Drain
 
 
 @dataclass(eq=False, repr=False)
+class GangSeat(betterproto2.Message):
+    """
+    A gang task's place in its gang (Assignment.gang): the job sets STOCKADE_GANG_RANK,
+    STOCKADE_GANG_SIZE, STOCKADE_GANG_PORT and STOCKADE_GANG_PEERS (host:port by rank, comma
+    separated). The leader gives each task a port from its gang port range, unique among the
+    active assignments on its worker, so every peer's address is known before any task starts.
+    """
+
+    gang_id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
+
+    rank: "int" = betterproto2.field(2, betterproto2.TYPE_UINT32)
+
+    size: "int" = betterproto2.field(3, betterproto2.TYPE_UINT32)
+
+    port: "int" = betterproto2.field(4, betterproto2.TYPE_UINT32)
+
+    peers: "list[str]" = betterproto2.field(5, betterproto2.TYPE_STRING, repeated=True)
+    """
+    host:port of every task of the gang, by rank (this task's included).
+    """
+
+
+default_message_pool.register_message("stockade.v1", "GangSeat", GangSeat)
+
+
+@dataclass(eq=False, repr=False)
 class GetAccountRequest(betterproto2.Message):
     name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -771,6 +804,41 @@ default_message_pool.register_message("stockade.v1", "JobEvent", JobEvent)
 
 
 @dataclass(eq=False, repr=False)
+class JobGang(betterproto2.Message):
+    """
+    A gang task's gang as a job's details show it (JobInfo.gang).
+    """
+
+    gang_id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
+
+    rank: "int" = betterproto2.field(2, betterproto2.TYPE_UINT32)
+
+    size: "int" = betterproto2.field(3, betterproto2.TYPE_UINT32)
+
+    spread: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
+
+    state: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    live, succeeded, failed, cancelled
+    """
+
+    attempts: "int" = betterproto2.field(6, betterproto2.TYPE_UINT32)
+    """
+    How many times it was placed whole, and the attempts spent (a task failed or was lost).
+    """
+
+    failures: "int" = betterproto2.field(7, betterproto2.TYPE_UINT32)
+
+    detail: "str" = betterproto2.field(8, betterproto2.TYPE_STRING)
+    """
+    Why its last attempt broke, or why it failed.
+    """
+
+
+default_message_pool.register_message("stockade.v1", "JobGang", JobGang)
+
+
+@dataclass(eq=False, repr=False)
 class JobInfo(betterproto2.Message):
     job_id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
 
@@ -847,6 +915,11 @@ class JobInfo(betterproto2.Message):
     owner: "str" = betterproto2.field(23, betterproto2.TYPE_STRING)
     """
     The account that submitted it (docs/accounts.md).
+    """
+
+    gang: "JobGang | None" = betterproto2.field(70, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    A gang's task (docs/gangs.md): its gang and where the gang stands (unset: not a task).
     """
 
 
@@ -1010,6 +1083,17 @@ class JobSpec(betterproto2.Message):
     """
     Countable devices asked (docs/devices.md): how many whole units of one worker each run
     holds, per resource name (e.g. gpu, 2). Each name once; a count of 0 reads as none.
+    """
+
+    tasks: "int" = betterproto2.field(70, betterproto2.TYPE_UINT32)
+    """
+    Submit a gang of this many tasks of this spec, placed all or nothing in one fenced commit
+    (SubmitJob only; docs/gangs.md); 0: not a gang.
+    """
+
+    spread: "bool" = betterproto2.field(71, betterproto2.TYPE_BOOL)
+    """
+    A gang's tasks go to distinct workers.
     """
 
 

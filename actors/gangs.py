@@ -1,0 +1,384 @@
+"""Gangs in the placer: :class:`GangQueue`, the pending gangs' tasks as the placer reads them, and
+:func:`place_gangs`, a pure function that places whole gangs on the free rooms, all of a gang's
+tasks or none. docs/gangs.md, "Placement".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from actors.pending_queue import PendingJob
+from actors.rooms import WorkerRoom
+from runtime.constraints import satisfied
+
+
+@attrs.frozen(kw_only=True)
+class GangTask:
+    """What makes a pending job a gang's task: its gang's id, its rank and the gang's shape."""
+
+    gang_id: int
+    rank: int
+    size: int
+    spread: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class PendingGang:
+    """A gang all of whose tasks are pending: placed whole or not at all.
+
+    Attributes:
+        gang_id: the gang's id (its rank 0 task's job id).
+        task_ids: its tasks' job ids, by rank.
+        job: the spec every task shares (its ``job_id`` is the rank 0 task's), sizes per task.
+        spread: its tasks go to distinct workers.
+        since: when it became whole in the placer's queue (its clock, seconds).
+        not_before: before when it must not be placed (its tasks' latest backoff; -inf: none).
+        reasons: task id -> the pending reason stored for it (absent: none).
+    """
+
+    gang_id: int
+    task_ids: tuple[int, ...]
+    job: PendingJob
+    spread: bool = False
+    since: float = 0.0
+    not_before: float = -np.inf
+    reasons: Mapping[int, str] = attrs.field(factory=dict)
+
+    @property
+    def size(self) -> int:
+        return len(self.task_ids)
+
+
+@attrs.define
+class GangQueue:
+    """The pending tasks of gangs, by gang, as the placer has read them; a gang is ready once
+    all of its tasks are held (:meth:`whole`). Only the placer's task changes it."""
+
+    _tasks: dict[int, dict[int, tuple[PendingJob, GangTask, str, float]]] = attrs.field(factory=dict)
+    _since: dict[int, float] = attrs.field(factory=dict)
+    version: int = 0
+    """Bumped at every change, so a round can tell that nothing changed."""
+    _whole: tuple[int, list[PendingGang]] | None = None
+
+    def __len__(self) -> int:
+        return sum(len(t) for t in self._tasks.values())
+
+    def replace(
+        self,
+        tasks: Iterable[tuple[PendingJob, GangTask, str]],
+        *,
+        now: float,
+        not_before: Mapping[int, float],
+    ) -> None:
+        """Hold exactly these (job, gang task, stored reason) triples; a gang held whole before
+        keeps when it became whole."""
+        since = self._since
+        self._tasks, self._since = {}, {}
+        self.add(tasks, now=now, not_before=not_before)
+        for gang_id in self._tasks:
+            if gang_id in since:
+                self._since[gang_id] = since[gang_id]
+        self.version += 1
+
+    def add(
+        self,
+        tasks: Iterable[tuple[PendingJob, GangTask, str]],
+        *,
+        now: float,
+        not_before: Mapping[int, float],
+    ) -> None:
+        """Hold these (job, gang task, stored reason) triples too (a task held already is
+        replaced); a gang that becomes whole becomes whole at ``now``."""
+        added = False
+        for job, task, reason in tasks:
+            held = self._tasks.setdefault(task.gang_id, {})
+            held[task.rank] = (job, task, reason, not_before.get(job.job_id, -np.inf))
+            added = True
+            if len(held) == task.size:
+                self._since.setdefault(task.gang_id, now)
+        if added:
+            self.version += 1
+
+    def remove(self, job_ids: Iterable[int]) -> None:
+        """Drop these tasks (placed, or no longer pending); their gangs are no longer whole."""
+        gone = set(job_ids)
+        changed = False
+        for gang_id in list(self._tasks):
+            held = self._tasks[gang_id]
+            for rank in [r for r, (job, *_) in held.items() if job.job_id in gone]:
+                del held[rank]
+                changed = True
+                self._since.pop(gang_id, None)
+            if not held:
+                del self._tasks[gang_id]
+        if changed:
+            self.version += 1
+
+    def store_reasons(self, reasons: Iterable[tuple[int, str]]) -> None:
+        """Record the reasons now stored for these tasks (others are ignored)."""
+        by_id = dict(reasons)
+        for held in self._tasks.values():
+            for rank, (job, task, _reason, wait) in held.items():
+                if job.job_id in by_id:
+                    held[rank] = (job, task, by_id[job.job_id], wait)
+                    self._whole = None
+
+    def whole(self) -> list[PendingGang]:
+        """The gangs all of whose tasks are held, by priority (highest first), then gang id
+        (worked out again only after a change)."""
+        if self._whole is not None and self._whole[0] == self.version:
+            return self._whole[1]
+        gangs = []
+        for gang_id, held in self._tasks.items():
+            first = next(iter(held.values()))[1]
+            if len(held) != first.size or set(held) != set(range(first.size)):
+                continue
+            ranked = [held[r] for r in range(first.size)]
+            gangs.append(
+                PendingGang(
+                    gang_id=gang_id,
+                    task_ids=tuple(job.job_id for job, *_ in ranked),
+                    job=ranked[0][0],
+                    spread=first.spread,
+                    since=self._since.get(gang_id, 0.0),
+                    not_before=max(wait for *_, wait in ranked),
+                    reasons={job.job_id: reason for job, _, reason, _ in ranked if reason},
+                )
+            )
+        ordered = sorted(gangs, key=lambda g: (-g.job.priority, g.gang_id))
+        self._whole = (self.version, ordered)
+        return ordered
+
+
+@attrs.frozen(kw_only=True)
+class GangPlan:
+    """What :func:`place_gangs` decided.
+
+    Attributes:
+        placements: (job_id, worker_id) of every task of each gang placed, gang by gang, by rank.
+        reasons: (job_id, reason) for the tasks of gangs not placed whose stored reason differs
+            ('' clears one), and for placed ones nothing (a commit clears their reasons).
+        reserved: worker_id -> the gang id it is kept free for in this round.
+    """
+
+    placements: tuple[tuple[int, str], ...] = ()
+    reasons: tuple[tuple[int, str], ...] = ()
+    reserved: Mapping[str, int] = attrs.field(factory=dict)
+
+    def rooms_left(
+        self, rooms: Sequence[WorkerRoom], sizes: Mapping[int, tuple[int, int]]
+    ) -> list[WorkerRoom]:
+        """``rooms`` with what the placements take (``sizes``: job_id -> (cpu_millis,
+        memory_mb)) allocated and counted against their placement limits."""
+        taken: dict[str, list[int]] = {}
+        for job_id, worker_id in self.placements:
+            cpu, mem = sizes[job_id]
+            used = taken.setdefault(worker_id, [0, 0, 0])
+            used[0] += cpu
+            used[1] += mem
+            used[2] += 1
+        left = []
+        for room in rooms:
+            took = taken.get(room.worker_id)
+            if took is None:
+                left.append(room)
+                continue
+            left.append(
+                attrs.evolve(
+                    room,
+                    cpu_allocated_millis=room.cpu_allocated_millis + took[0],
+                    memory_allocated_mb=room.memory_allocated_mb + took[1],
+                    placement_limit=None
+                    if room.placement_limit is None
+                    else max(0, room.placement_limit - took[2]),
+                )
+            )
+        return left
+
+
+def unschedulable_reason(gang: PendingGang, rooms: Sequence[WorkerRoom]) -> str | None:
+    """Why ``gang`` can never be placed on these workers as they are (each empty), or None when
+    it could be: with spread, fewer than ``size`` eligible workers have the capacity for one
+    task; without, the eligible workers' capacities hold fewer than ``size`` tasks at once."""
+    cap_cpu = np.array([r.cpu_millis for r in rooms], dtype=np.int64)
+    cap_mem = np.array([r.memory_mb for r in rooms], dtype=np.int64)
+    return _never(gang, _eligible(gang.job, rooms), cap_cpu, cap_mem)
+
+
+def _eligible(job: PendingJob, rooms: Sequence[WorkerRoom]) -> np.ndarray:
+    """Which of ``rooms`` may take ``job`` at all: containers and constraints."""
+    return np.array(
+        [
+            (r.runs_containers or not job.needs_container) and satisfied(job.constraints, r.labels)
+            for r in rooms
+        ],
+        dtype=bool,
+    )
+
+
+def _never(gang: PendingGang, eligible: np.ndarray, cap_cpu: np.ndarray, cap_mem: np.ndarray) -> str | None:
+    """:func:`unschedulable_reason` on the workers' capacities and eligibility as arrays."""
+    job = gang.job
+    holds = np.minimum(cap_cpu // job.cpu_millis, cap_mem // job.memory_mb) * eligible
+    able = int(np.count_nonzero(holds > 0))
+    need = f"room for {job.cpu_millis} cpu_millis, {job.memory_mb} memory_mb"
+    if gang.spread:
+        if able >= gang.size:
+            return None
+        return (
+            f"unschedulable: gang of {gang.size} needs {gang.size} workers with {need}; "
+            f"{able} live workers have it"
+        )
+    total = int(holds.sum())
+    if total >= gang.size:
+        return None
+    return (
+        f"unschedulable: gang of {gang.size} needs {need} for each task; "
+        f"the {able} live workers with it hold {total} at once"
+    )
+
+
+def waiting_reason(gang: PendingGang) -> str:
+    """The reason of a gang that could be placed but not now: its tasks wait together."""
+    return f"gang: waiting for room for all {gang.size} tasks at once"
+
+
+def place_gangs(
+    gangs: Sequence[PendingGang],
+    rooms: Sequence[WorkerRoom],
+    *,
+    now: float,
+    max_reservations: int = 0,
+    reserve_after_s: float = 0.0,
+    blocked: Iterable[str] = (),
+    max_placements: int | None = None,
+) -> GangPlan:
+    """Place whole gangs on the free room of ``rooms``, in the given order (priority, then gang
+    id): a gang is placed only when all of its tasks fit at once, each task by best fit (the
+    worker whose normalised leftover is smallest, ties by worker id) on the rooms as the tasks
+    placed before it left them; with spread, on distinct workers. A gang whose ``not_before``
+    is after ``now`` is left alone. A gang that fits no room now but could fit the workers'
+    capacities, queued ``reserve_after_s`` or more, keeps the workers that lack least for it
+    free for the round (at most ``max_reservations`` gangs), so that single jobs do not take the
+    room it waits for (:attr:`GangPlan.reserved`). ``blocked``: workers that take nothing. At
+    most ``max_placements`` tasks are placed in all (None: no limit); a gang past it waits whole.
+
+    Never more than a room holds, never a partial gang, never two tasks of a spread gang on one
+    worker (tests/unit/test_gangs_placement.py, hypothesis).
+    """
+    ordered = sorted(rooms, key=lambda r: r.worker_id)
+    names = [r.worker_id for r in ordered]
+    cap_cpu = np.array([r.cpu_millis for r in ordered], dtype=np.int64)
+    cap_mem = np.array([r.memory_mb for r in ordered], dtype=np.int64)
+    free_cpu = cap_cpu - np.array([r.cpu_allocated_millis for r in ordered], dtype=np.int64)
+    free_mem = cap_mem - np.array([r.memory_allocated_mb for r in ordered], dtype=np.int64)
+    left = np.array(
+        [1 << 30 if r.placement_limit is None else max(0, r.placement_limit) for r in ordered], dtype=np.int64
+    )
+    closed = set(blocked)
+    open_ = np.array([r.worker_id not in closed for r in ordered], dtype=bool)
+    inv_cpu = 1.0 / np.maximum(cap_cpu, 1)
+    inv_mem = 1.0 / np.maximum(cap_mem, 1)
+    placements: list[tuple[int, str]] = []
+    reasons: list[tuple[int, str]] = []
+    reserved: dict[str, int] = {}
+
+    def tell(gang: PendingGang, reason: str) -> None:
+        reasons.extend((t, reason) for t in gang.task_ids if gang.reasons.get(t, "") != reason)
+
+    # Per shape (size, spread, cpu, mem, container, constraints): whether it can ever fit, worked
+    # out once a round; eligibility per (container, constraints).
+    eligible_of: dict[tuple[bool, tuple[object, ...]], np.ndarray] = {}
+    never_of: dict[tuple[object, ...], str | None] = {}
+    fits_of: dict[tuple[object, ...], int] = {}
+    changes = 0
+    for gang in gangs:
+        if gang.not_before > now:
+            continue
+        if max_placements is not None and len(placements) + gang.size > max_placements:
+            continue
+        job = gang.job
+        cpu, mem = job.cpu_millis, job.memory_mb
+        group = (job.needs_container, job.constraints)
+        eligible = eligible_of.get(group)
+        if eligible is None:
+            eligible = eligible_of[group] = _eligible(job, ordered)
+        shape = (gang.size, gang.spread, cpu, mem, group)
+        if shape not in never_of:
+            never_of[shape] = _never(gang, eligible, cap_cpu, cap_mem)
+        never = never_of[shape]
+        if never is not None:
+            tell(gang, never)
+            continue
+        allowed = eligible & open_
+        # Tasks of one size: best fit one by one succeeds exactly when the free rooms hold them
+        # all at once (one per worker with spread), so a gang that does not fit costs no loop;
+        # how many fit is worked out once per shape until the rooms change.
+        key = (changes, gang.spread, cpu, mem, group)
+        fits_now = fits_of.get(key)
+        if fits_now is None:
+            room = np.minimum(np.maximum(free_cpu, 0) // cpu, np.maximum(free_mem, 0) // mem)
+            room = np.minimum(room, left) * allowed
+            fits_now = fits_of[key] = int(np.count_nonzero(room > 0)) if gang.spread else int(room.sum())
+        if fits_now < gang.size:
+            tell(gang, waiting_reason(gang))
+            if len(set(reserved.values())) < max_reservations and now - gang.since >= reserve_after_s:
+                for k in _reserve(gang, allowed, free_cpu, free_mem, cap_cpu, cap_mem):
+                    reserved[names[k]] = gang.gang_id
+                    open_[k] = False
+                    changes += 1
+            continue
+        try_cpu, try_mem, try_left = free_cpu.copy(), free_mem.copy(), left.copy()
+        unused = np.ones(len(ordered), dtype=bool)
+        chosen: list[int] = []
+        for _ in range(gang.size):
+            fits = allowed & (try_cpu >= cpu) & (try_mem >= mem) & (try_left > 0)
+            if gang.spread:
+                fits &= unused
+            if not fits.any():
+                break
+            score = (try_cpu - cpu) * inv_cpu + (try_mem - mem) * inv_mem
+            k = int(np.argmin(np.where(fits, score, np.inf)))
+            try_cpu[k] -= cpu
+            try_mem[k] -= mem
+            try_left[k] -= 1
+            unused[k] = False
+            chosen.append(k)
+        if len(chosen) == gang.size:
+            free_cpu, free_mem, left = try_cpu, try_mem, try_left
+            changes += 1
+            placements.extend((t, names[k]) for t, k in zip(gang.task_ids, chosen, strict=True))
+            continue
+        tell(gang, waiting_reason(gang))
+    return GangPlan(placements=tuple(placements), reasons=tuple(reasons), reserved=reserved)
+
+
+def _reserve(
+    gang: PendingGang,
+    allowed: np.ndarray,
+    free_cpu: np.ndarray,
+    free_mem: np.ndarray,
+    cap_cpu: np.ndarray,
+    cap_mem: np.ndarray,
+) -> list[int]:
+    """The workers of ``allowed`` to keep free for ``gang``: those that lack least for its tasks
+    now (missing CPU and memory over capacity, summed; ties by worker order), taken until their
+    capacities hold every task (one each with spread); none when they never would."""
+    cpu, mem = gang.job.cpu_millis, gang.job.memory_mb
+    holds = np.minimum(cap_cpu // cpu, cap_mem // mem) * allowed
+    if gang.spread:
+        holds = np.minimum(holds, 1)
+    lacking = np.maximum(cpu - free_cpu, 0) / np.maximum(cap_cpu, 1) + np.maximum(
+        mem - free_mem, 0
+    ) / np.maximum(cap_mem, 1)
+    kept: list[int] = []
+    total = 0
+    for k in np.argsort(np.where(holds > 0, lacking, np.inf), kind="stable").tolist():
+        if holds[k] <= 0 or total >= gang.size:
+            break
+        kept.append(k)
+        total += int(holds[k])
+    return kept if total >= gang.size else []

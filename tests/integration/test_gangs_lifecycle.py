@@ -1,0 +1,311 @@
+"""Gangs on a real PostgreSQL (docs/gangs.md): a gang's tasks are claimed all or none in one
+statement, each with the gang's attempt and a port of its own; a task that fails or is lost stops
+the others and the gang runs again whole, one attempt spent; spent, the gang fails whole; no
+committed state holds a partial gang (the view partial_gangs).
+
+The leader's statements run directly on an admin connection holding the lease at epoch 1; the
+workers' reports go through an ingest actor, as in production.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import attrs
+import pytest
+from serving import ingest_and_leader
+
+from actors import queries
+from protocol import pb
+from runtime.aio import PgConnection
+from runtime.client import ControlPlaneClient
+
+EPOCH = 1
+
+
+@attrs.frozen
+class Cluster:
+    cp: ControlPlaneClient
+    admin: PgConnection
+
+    async def register(self, worker_id: str, address: str) -> int:
+        reply = await self.cp.call(
+            "register_worker",
+            pb.RegisterWorkerRequest(worker_id=worker_id, address=address, cpu_millis=4000, memory_mb=4096),
+        )
+        incarnation = int(reply.incarnation)
+        await self.heartbeat(worker_id, incarnation)
+        return incarnation
+
+    async def heartbeat(self, worker_id: str, incarnation: int, *finished: pb.JobOutcome) -> None:
+        await self.cp.call(
+            "heartbeat",
+            pb.HeartbeatRequest(worker_id=worker_id, incarnation=incarnation, finished=list(finished)),
+        )
+
+    async def submit_gang(self, tasks: int, *, max_attempts: int = 1, spread: bool = False) -> list[int]:
+        reply = await self.cp.call(
+            "submit_job",
+            pb.SubmitJobRequest(
+                spec=pb.JobSpec(
+                    name="g",
+                    cpu_millis=500,
+                    memory_mb=64,
+                    command=pb.CommandRuntime(argv=["true"]),
+                    max_attempts=max_attempts,
+                    tasks=tasks,
+                    spread=spread,
+                )
+            ),
+        )
+        rows = await self.admin.fetch(
+            "SELECT id FROM jobs WHERE gang_id = $1 ORDER BY gang_rank", int(reply.job_id)
+        )
+        return [int(r["id"]) for r in rows]
+
+    async def place(self, placements: list[tuple[int, str, int]]) -> dict[int, int]:
+        """COMMIT_PLACEMENTS of (job, worker, incarnation) triples: job_id -> assignment id."""
+        rows = await self.admin.fetch(
+            queries.COMMIT_PLACEMENTS,
+            [j for j, _, _ in placements],
+            [w for _, w, _ in placements],
+            [i for _, _, i in placements],
+            EPOCH,
+            True,
+            [],
+            [],
+        )
+        return {int(r["id"]): int(r["assignment_id"]) for r in rows if r["assignment_id"] is not None}
+
+    async def states(self, job_ids: list[int]) -> list[str]:
+        rows = await self.admin.fetch("SELECT state FROM jobs WHERE id = ANY($1) ORDER BY id", job_ids)
+        return [r["state"] for r in rows]
+
+    async def stop_marked(self) -> list[int]:
+        """The leader's end of the stops it asked (END_PREEMPTED_ASSIGNMENTS), as once their
+        workers acknowledged them: the assignments ended."""
+        marked = [
+            int(r["id"])
+            for r in await self.admin.fetch(
+                "SELECT id FROM assignments WHERE state = 'active' AND preempt_requested_at IS NOT NULL"
+            )
+        ]
+        rows = await self.admin.fetch(queries.END_PREEMPTED_ASSIGNMENTS, EPOCH, marked)
+        return [int(r["id"]) for r in rows]
+
+    async def partial(self) -> int:
+        return int(await self.admin.fetchval("SELECT count(*) FROM partial_gangs"))
+
+    async def gang(self, gang_id: int) -> dict[str, object]:
+        row = await self.admin.fetchrow("SELECT * FROM gangs WHERE id = $1", gang_id)
+        assert row is not None
+        return dict(row)
+
+
+@pytest.fixture
+async def cluster(database_url: str) -> AsyncIterator[Cluster]:
+    async with ingest_and_leader(database_url, epoch=EPOCH, presence_interval_s=1.0) as (cp, admin):
+        yield Cluster(cp=cp, admin=admin)
+
+
+def failed(assignment_id: int, job_id: int) -> pb.JobOutcome:
+    return pb.JobOutcome(
+        assignment_id=assignment_id,
+        job_id=job_id,
+        state="failed",
+        has_exit_code=True,
+        exit_code=1,
+        run_ms=100,
+        detail="exit code 1",
+    )
+
+
+def succeeded(assignment_id: int, job_id: int) -> pb.JobOutcome:
+    return pb.JobOutcome(
+        assignment_id=assignment_id,
+        job_id=job_id,
+        state="succeeded",
+        has_exit_code=True,
+        exit_code=0,
+        run_ms=100,
+        detail="exit code 0",
+    )
+
+
+async def test_a_gang_is_claimed_whole_or_not_at_all(cluster: Cluster) -> None:
+    """A commit that names only some of a gang's tasks claims none of them; one that names all
+    claims all, each assignment with the gang's first attempt and a port of its own."""
+    one = await cluster.register("w-1", "10.0.0.1:9000")
+    tasks = await cluster.submit_gang(3)
+    assert await cluster.place([(t, "w-1", one) for t in tasks[:2]]) == {}
+    assert await cluster.states(tasks) == ["pending"] * 3
+    placed = await cluster.place([(t, "w-1", one) for t in tasks])
+    assert sorted(placed) == tasks
+    rows = await cluster.admin.fetch(
+        "SELECT gang_attempt, gang_port FROM assignments WHERE job_id = ANY($1) ORDER BY job_id", tasks
+    )
+    assert [r["gang_attempt"] for r in rows] == [1, 1, 1]
+    assert [r["gang_port"] for r in rows] == [42000, 42001, 42002]
+    seats = await cluster.admin.fetch(queries.JOB_ARGVS, tasks)
+    seat = queries.gang_seat_of(next(dict(r) for r in seats if r["id"] == tasks[1]))
+    assert seat is not None
+    assert (seat.rank, seat.size, seat.port) == (1, 3, 42001)
+    assert seat.peers == ("10.0.0.1:42000", "10.0.0.1:42001", "10.0.0.1:42002")
+    assert await cluster.partial() == 0
+
+
+async def test_a_failed_task_stops_the_others_and_the_gang_runs_again_whole(cluster: Cluster) -> None:
+    """One task fails: in the same transaction the others are asked to stop; once they ended,
+    every task is pending again, one gang attempt spent, and the next commit is attempt 2."""
+    one = await cluster.register("w-1", "10.0.0.1:9000")
+    tasks = await cluster.submit_gang(3, max_attempts=2)
+    placed = await cluster.place([(t, "w-1", one) for t in tasks])
+    await cluster.heartbeat("w-1", one, succeeded(placed[tasks[2]], tasks[2]))
+    await cluster.heartbeat("w-1", one, failed(placed[tasks[0]], tasks[0]))
+    gang = await cluster.gang(tasks[0])
+    assert (gang["broken"], gang["failures"], gang["state"]) == (1, 1, "live")
+    assert await cluster.partial() == 0
+    marked = await cluster.admin.fetch(
+        "SELECT job_id FROM assignments WHERE state = 'active' AND preempt_requested_at IS NOT NULL"
+    )
+    assert [int(r["job_id"]) for r in marked] == [tasks[1]]
+    assert await cluster.stop_marked() == [placed[tasks[1]]]
+    assert await cluster.states(tasks) == ["pending"] * 3
+    await cluster.admin.execute("UPDATE jobs SET not_before = NULL WHERE id = ANY($1)", tasks)
+    again = await cluster.place([(t, "w-1", one) for t in tasks])
+    assert sorted(again) == tasks
+    attempts = await cluster.admin.fetch(
+        "SELECT DISTINCT gang_attempt FROM assignments WHERE id = ANY($1)", list(again.values())
+    )
+    assert [r["gang_attempt"] for r in attempts] == [2]
+
+
+async def test_a_gang_whose_attempts_are_spent_fails_whole(cluster: Cluster) -> None:
+    """With its one attempt spent by a failed task, the gang fails, and each other task fails
+    once its stop ended it."""
+    one = await cluster.register("w-1", "10.0.0.1:9000")
+    tasks = await cluster.submit_gang(2)
+    placed = await cluster.place([(t, "w-1", one) for t in tasks])
+    await cluster.heartbeat("w-1", one, failed(placed[tasks[1]], tasks[1]))
+    assert (await cluster.gang(tasks[0]))["state"] == "failed"
+    await cluster.stop_marked()
+    assert await cluster.states(tasks) == ["failed", "failed"]
+
+
+async def test_a_task_lost_with_its_worker_stops_the_others(cluster: Cluster) -> None:
+    """A spread gang's task lost with its dead worker spends an attempt and stops the task on the
+    live worker; both are then pending together."""
+    one = await cluster.register("w-1", "10.0.0.1:9000")
+    two = await cluster.register("w-2", "10.0.0.2:9000")
+    tasks = await cluster.submit_gang(2, max_attempts=3, spread=True)
+    placed = await cluster.place([(tasks[0], "w-1", one), (tasks[1], "w-2", two)])
+    assert len(placed) == 2
+    await cluster.admin.execute("UPDATE workers SET state = 'dead' WHERE id = 'w-2'")
+    row = await cluster.admin.fetchrow(queries.END_ORPHANED_ASSIGNMENTS, EPOCH, [], 500)
+    assert row is not None and list(row["ended_ids"]) == [placed[tasks[1]]]
+    gang = await cluster.gang(tasks[0])
+    assert (gang["broken"], gang["failures"]) == (1, 1)
+    assert await cluster.partial() == 0
+    assert await cluster.stop_marked() == [placed[tasks[0]]]
+    assert await cluster.states(tasks) == ["pending", "pending"]
+
+
+async def test_a_gang_succeeds_when_every_task_did(cluster: Cluster) -> None:
+    """Tasks that succeed one by one while others run are normal; the gang succeeds with the last."""
+    one = await cluster.register("w-1", "10.0.0.1:9000")
+    tasks = await cluster.submit_gang(2)
+    placed = await cluster.place([(t, "w-1", one) for t in tasks])
+    await cluster.heartbeat("w-1", one, succeeded(placed[tasks[0]], tasks[0]))
+    assert (await cluster.gang(tasks[0]))["state"] == "live"
+    assert await cluster.partial() == 0
+    await cluster.heartbeat("w-1", one, succeeded(placed[tasks[1]], tasks[1]))
+    assert (await cluster.gang(tasks[0]))["state"] == "succeeded"
+
+
+async def test_a_cancel_of_one_task_cancels_the_whole_gang(cluster: Cluster) -> None:
+    """Cancelling any task of a pending gang cancels every task and the gang."""
+    tasks = await cluster.submit_gang(3)
+    await cluster.cp.call("cancel_job", pb.CancelJobRequest(job_id=tasks[1]))
+    assert await cluster.states(tasks) == ["cancelled"] * 3
+    assert (await cluster.gang(tasks[0]))["state"] == "cancelled"
+
+
+async def test_a_late_success_of_a_lost_task_leaves_it_pending_with_its_gang(cluster: Cluster) -> None:
+    """A task lost with its worker whose success is reported late stays pending: its gang's
+    attempt broke, and it runs again with the others."""
+    one = await cluster.register("w-1", "10.0.0.1:9000")
+    two = await cluster.register("w-2", "10.0.0.2:9000")
+    tasks = await cluster.submit_gang(2, max_attempts=3, spread=True)
+    placed = await cluster.place([(tasks[0], "w-1", one), (tasks[1], "w-2", two)])
+    await cluster.admin.execute("UPDATE workers SET state = 'dead' WHERE id = 'w-2'")
+    await cluster.admin.fetchrow(queries.END_ORPHANED_ASSIGNMENTS, EPOCH, [], 500)
+    two = await cluster.register("w-2", "10.0.0.2:9000")
+    await cluster.cp.call(
+        "heartbeat",
+        pb.HeartbeatRequest(
+            worker_id="w-2", incarnation=two, finished=[succeeded(placed[tasks[1]], tasks[1])]
+        ),
+    )
+    outcome = await cluster.admin.fetchval("SELECT outcome FROM assignments WHERE id = $1", placed[tasks[1]])
+    assert outcome == "succeeded"
+    await cluster.stop_marked()
+    assert await cluster.states(tasks) == ["pending", "pending"]
+
+
+async def test_a_task_that_succeeds_after_its_attempt_broke_runs_again_with_its_gang(
+    cluster: Cluster,
+) -> None:
+    """The stop of a task races its own success: the success is recorded, and the task is pending
+    again with the others, so the gang runs again whole."""
+    one = await cluster.register("w-1", "10.0.0.1:9000")
+    tasks = await cluster.submit_gang(2, max_attempts=2)
+    placed = await cluster.place([(t, "w-1", one) for t in tasks])
+    await cluster.heartbeat("w-1", one, failed(placed[tasks[0]], tasks[0]))
+    await cluster.heartbeat("w-1", one, succeeded(placed[tasks[1]], tasks[1]))
+    assert await cluster.stop_marked() == []
+    assert await cluster.states(tasks) == ["pending", "pending"]
+    assert (await cluster.gang(tasks[0]))["failures"] == 1
+
+
+async def test_a_gangs_id_as_a_dependency_stands_for_the_whole_gang(cluster: Cluster) -> None:
+    """A job after a gang's id waits until every task of the gang succeeded."""
+    one = await cluster.register("w-1", "10.0.0.1:9000")
+    tasks = await cluster.submit_gang(2)
+    placed = await cluster.place([(t, "w-1", one) for t in tasks])
+    await cluster.heartbeat("w-1", one, succeeded(placed[tasks[0]], tasks[0]))
+    states = "SELECT state FROM dependency_states($1::bigint[])"
+    assert await cluster.admin.fetchval(states, [tasks[0]]) == "unfinished"
+    await cluster.heartbeat("w-1", one, succeeded(placed[tasks[1]], tasks[1]))
+    assert await cluster.admin.fetchval(states, [tasks[0]]) == "succeeded"
+
+
+async def test_a_failure_after_a_stop_broke_the_attempt_still_spends_it(cluster: Cluster) -> None:
+    """An attempt broken by a stop (no attempt spent) whose other task then fails on its own
+    spends one attempt: with one, the gang fails whole."""
+    one = await cluster.register("w-1", "10.0.0.1:9000")
+    tasks = await cluster.submit_gang(2)
+    placed = await cluster.place([(t, "w-1", one) for t in tasks])
+    await cluster.admin.execute(
+        "UPDATE assignments SET state = 'stopped', ended_at = now(), end_reason = 'released' WHERE id = $1",
+        placed[tasks[0]],
+    )
+    await cluster.admin.execute("SELECT requeue_unspent($1::bigint[])", [tasks[0]])
+    assert (await cluster.gang(tasks[0]))["failures"] == 0
+    await cluster.heartbeat("w-1", one, failed(placed[tasks[1]], tasks[1]))
+    gang = await cluster.gang(tasks[0])
+    assert (gang["failures"], gang["state"]) == (1, "failed")
+    assert await cluster.states(tasks) == ["failed", "failed"]
+
+
+async def test_two_gangs_on_one_worker_never_share_a_port(cluster: Cluster) -> None:
+    """A second gang placed on a worker whose first gang holds ports 42000-42001 gets the next
+    free ones."""
+    one = await cluster.register("w-1", "10.0.0.1:9000")
+    first = await cluster.submit_gang(2)
+    second = await cluster.submit_gang(2)
+    await cluster.place([(t, "w-1", one) for t in first])
+    await cluster.place([(t, "w-1", one) for t in second])
+    rows = await cluster.admin.fetch(
+        "SELECT gang_port FROM assignments WHERE state = 'active' AND worker_id = 'w-1' ORDER BY job_id"
+    )
+    assert [r["gang_port"] for r in rows] == [42000, 42001, 42002, 42003]
