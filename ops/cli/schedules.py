@@ -44,8 +44,8 @@ NOT_FOR_SCHEDULES = (
     "control_planes",
 )
 """``submit``'s parameters ``schedule add`` does not take from it: a schedule's job waits for no
-other and is no array (so has no max_failed_tasks) and no gang; the key and the control planes it declares
-itself (after the job's)."""
+other and is no array (so has no max_failed_tasks) and no gang; the key and the control planes
+it declares itself (after the job's)."""
 
 _ADD_OWN: list[inspect.Parameter] = [
     inspect.Parameter(
