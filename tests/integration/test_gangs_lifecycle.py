@@ -74,6 +74,9 @@ class Cluster:
             True,
             [],
             [],
+            [],
+            [],
+            [],
         )
         return {int(r["id"]): int(r["assignment_id"]) for r in rows if r["assignment_id"] is not None}
 
