@@ -106,7 +106,7 @@ class ScheduleHandlers(AccountHandlers):
                 cron=spec.cron,
                 tz=spec.tz,
                 concurrency_policy=spec.concurrency_policy,
-                starting_deadline_s=spec.starting_deadline_s,
+                starting_deadline_s=spec.starting_deadline_s or None,  # 0 on the wire: none given
                 now=now,
             )
             items = [

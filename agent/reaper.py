@@ -310,6 +310,9 @@ def main(args: list[str]) -> int:
             f"workdir_denied: the job's user cannot enter {exc.filename!r} on this worker "
             f"([Errno {exc.errno}] {exc.strerror})"
         )
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        # The reason no_retry_on and the health judgement read (runtime/jobs.py, FAILURE_REASONS).
+        return cannot_start(f"command_not_found: cannot start {argv[0]!r}: {exc}")
     except OSError as exc:
         return cannot_start(f"cannot start {argv[0]!r}: {exc}")
     tell_started(started_fd)

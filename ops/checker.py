@@ -148,8 +148,10 @@ class History:
     schedules: tuple[ScheduleRecord, ...] = ()
     schedule_slots: tuple[SlotRecord, ...] = ()
     policy_jobs: frozenset[int] = frozenset()
-    """Jobs with a failure policy (``retry_on_exit`` or ``no_retry_on``), which may end failed
-    with attempts left (schema.sql, retry_refusal)."""
+    """Jobs that may end failed with attempts left: those with a failure policy
+    (``retry_on_exit`` or ``no_retry_on``; schema.sql, retry_refusal), and those whose cancel was
+    asked while a run was on (an array's ``max_failed_tasks`` cancelling its running tasks: a
+    run that fails meanwhile is not retried; schema.sql, retries)."""
     gang_attempts: tuple[GangAttemptRecord, ...] = ()
     """Every attempt of every gang (its assignments grouped by gang and ``gang_attempt``)."""
     partial_gangs: int = 0
@@ -610,7 +612,7 @@ SELECT worker_id, incarnation, epoch, extract(epoch FROM declared_at)::float8 AS
 """
 JOB_STATES = """
 SELECT j.id, j.state, coalesce(g.failures, j.failures) AS failures, j.max_attempts,
-       cardinality(j.retry_on_exit) + cardinality(j.no_retry_on) > 0 AS has_policy
+       (cardinality(j.retry_on_exit) + cardinality(j.no_retry_on) > 0 OR j.cancel_requested) AS fails_early
   FROM jobs j LEFT JOIN gangs g ON g.id = j.gang_id
 """
 GANG_ATTEMPTS = """
@@ -747,7 +749,7 @@ async def load_history(database_url: str) -> History:
         deaths=tuple(DeathRecord(**dict(r)) for r in deaths),
         job_states={r["id"]: r["state"] for r in jobs},
         job_attempts={r["id"]: (r["failures"], r["max_attempts"]) for r in jobs},
-        policy_jobs=frozenset(r["id"] for r in jobs if r["has_policy"]),
+        policy_jobs=frozenset(r["id"] for r in jobs if r["fails_early"]),
         dependency_cancels={r["id"]: r["dependency"] for r in dependency_cancels},
         dependency_states={r["dependency"]: r["dependency_state"] for r in dependency_cancels},
         stale_writes_rejected=stale,

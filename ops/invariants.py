@@ -173,7 +173,7 @@ def wrong_final_states(history: History, expected: Mapping[int, str] | None = No
     """Jobs whose final state contradicts their runs, their retry budget, their dependencies
     or ``expected`` (job id -> the final state its submitter knows it must reach), with why:
     more failed runs than ``max_attempts``; ``failed`` with attempts left (but by a failure
-    policy, ``History.policy_jobs``); ``succeeded`` with
+    policy or a cancel asked while it ran, ``History.policy_jobs``); ``succeeded`` with
     no run whose success the database holds; cancelled as ``dependency_failed`` naming a job
     that did not fail; another final state than expected."""
     failed_runs: dict[int, int] = defaultdict(int)

@@ -244,9 +244,9 @@ def _schedules_of(shown: str, fmt: str, text: str) -> list[FileSchedule]:
         except InvalidArgument as exc:
             placed = where((index, "job", *_error_path(exc)))
             raise JobFileError(placed, str(exc), field=exc.field, value=exc.value) from None
-        deadline = table.get("starting_deadline_s", 0)
+        deadline = table.get("starting_deadline_s")
         try:
-            if isinstance(deadline, bool) or not isinstance(deadline, int):
+            if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, int)):
                 raise InvalidArgument("starting_deadline_s", deadline, "must be an integer (seconds)")
             for text_field in ("name", "cron", "tz", "concurrency_policy"):
                 value = table.get(text_field, "UTC" if text_field == "tz" else "")

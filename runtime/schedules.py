@@ -19,6 +19,7 @@ the expression names fires once.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import zoneinfo
 from collections.abc import Iterator
 
@@ -111,10 +112,26 @@ def zone(name: str, *, field: str = "tz") -> zoneinfo.ZoneInfo:
     rule = "must be an IANA time zone name such as UTC or Europe/Berlin"
     if not isinstance(name, str) or not name or len(name.encode("utf-8", "replace")) > MAX_TZ_BYTES:
         raise InvalidArgument(field, name, rule, detail=f"1 to {MAX_TZ_BYTES} bytes")
+    if name in NOT_ZONES or name not in _iana_zones():
+        # A name the machine resolves but the IANA database does not have (``localtime`` is
+        # the host's own zone, so replicas on hosts set differently would fire different slots).
+        raise InvalidArgument(field, name, rule, detail="no such zone")
     try:
         return zoneinfo.ZoneInfo(name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
         raise InvalidArgument(field, name, rule, detail="no such zone") from None
+
+
+NOT_ZONES = frozenset({"localtime", "Factory", "posixrules"})
+"""Names the zone files hold that are not zones of their own: the host's own zone, and
+placeholders; refused as a schedule's ``tz``."""
+
+
+@functools.cache
+def _iana_zones() -> frozenset[str]:
+    """The zone names this machine's IANA database has (``zoneinfo.available_timezones``, read
+    once: it walks the zone folder)."""
+    return frozenset(zoneinfo.available_timezones())
 
 
 def slot_instant(local: dt.datetime, tz: zoneinfo.ZoneInfo) -> dt.datetime:
@@ -188,7 +205,7 @@ def check_schedule(
     cron: str,
     tz: str,
     concurrency_policy: str,
-    starting_deadline_s: int,
+    starting_deadline_s: int | None,
     now: dt.datetime,
 ) -> ScheduleRules:
     """Check a schedule's own fields (its job's spec is checked as a job's).
@@ -200,7 +217,8 @@ def check_schedule(
         tz: an IANA time zone name.
         concurrency_policy: one of :data:`CONCURRENCY_POLICIES`; empty: ``allow``.
         starting_deadline_s: seconds, :data:`MIN_STARTING_DEADLINE_S` to
-            :data:`MAX_STARTING_DEADLINE_S`; 0: :data:`DEFAULT_STARTING_DEADLINE_S`.
+            :data:`MAX_STARTING_DEADLINE_S`; None: :data:`DEFAULT_STARTING_DEADLINE_S` (0, which the
+            wire sends for none, is the caller's to read as None).
         now: aware; the instant the horizon starts from.
 
     Raises:
@@ -221,7 +239,7 @@ def check_schedule(
         raise InvalidArgument(
             "concurrency_policy", concurrency_policy, f"must be one of {', '.join(CONCURRENCY_POLICIES)}"
         )
-    deadline = starting_deadline_s or DEFAULT_STARTING_DEADLINE_S
+    deadline = DEFAULT_STARTING_DEADLINE_S if starting_deadline_s is None else starting_deadline_s
     if not MIN_STARTING_DEADLINE_S <= deadline <= MAX_STARTING_DEADLINE_S:
         raise InvalidArgument(
             "starting_deadline_s",

@@ -75,7 +75,8 @@ async def test_command_runs_in_its_job_folder(tmp_path: Path) -> None:
 
 
 async def test_missing_command_fails_with_a_detail(tmp_path: Path) -> None:
-    """A command that cannot be started is a failed result naming the error, no exit code."""
+    """A command that does not exist is a failed result naming the error with the reason
+    command_not_found (what no_retry_on may list), no exit code."""
     result = await run_job(
         CommandRuntime(argv=("no-such-command-xyz",)),
         job_dir=tmp_path / "j",
@@ -84,6 +85,7 @@ async def test_missing_command_fails_with_a_detail(tmp_path: Path) -> None:
     )
     assert result.state is JobState.FAILED and result.exit_code is None
     assert "no-such-command-xyz" in result.detail and "No such file" in result.detail
+    assert result.detail.startswith("command_not_found: ")
 
 
 async def test_stop_sends_sigterm(tmp_path: Path) -> None:

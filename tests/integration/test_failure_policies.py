@@ -16,6 +16,8 @@ import trio
 from serving import ingest_and_leader
 
 from actors import queries
+from ops import checker
+from ops.invariants import wrong_final_states
 from protocol import pb
 from runtime.aio import PgConnection
 from runtime.client import ControlPlaneClient
@@ -219,6 +221,30 @@ async def test_an_array_cancels_its_other_tasks_once_max_failed_tasks_have_faile
     assert running["detail"].startswith("max_failed_tasks:")
     states = await cluster.admin.fetch("SELECT state FROM dependency_states($1)", [array_id])
     assert [r["state"] for r in states] == ["failed"]
+
+
+async def test_a_task_failing_while_max_failed_tasks_stops_it_ends_failed_and_the_checker_accepts_it(
+    cluster: Cluster, database_url: str
+) -> None:
+    """A running task asked to stop by its array's max_failed_tasks that fails on its own before
+    it stops ends failed with attempts left (no retry once a cancel was asked), and the
+    checker's final-state rule accepts that end."""
+    incarnation = await cluster.register()
+    array_id = await cluster.submit(
+        array=ArrayRange(first_index=0, last_index=2, max_failed_tasks=1), max_attempts=2
+    )
+    t0, t1, _ = await cluster.tasks(array_id)
+    a1 = await cluster.place(t1, "w-1", incarnation)
+    for _ in range(2):  # t0 spends both its attempts: failed for good
+        a0 = await cluster.place(t0, "w-1", incarnation)
+        await cluster.heartbeat("w-1", incarnation, failed(a0, t0))
+    assert (await cluster.job(t0))["state"] == "failed"
+    assert (await cluster.job(t1))["cancel_requested"]
+    await cluster.heartbeat("w-1", incarnation, failed(a1, t1))
+    ended = await cluster.job(t1)
+    assert (ended["state"], ended["failures"]) == ("failed", 1)
+    history = await checker.load_history(database_url)
+    assert t1 not in wrong_final_states(history)
 
 
 async def test_an_array_without_max_failed_tasks_lets_each_task_end_by_itself(cluster: Cluster) -> None:

@@ -138,6 +138,9 @@ def test_slot_instant_is_the_wall_time_or_the_end_of_its_gap(wall: dt.datetime) 
         ({"cron": "61 * * * *"}, "cron", "out of range"),
         ({"cron": "0 0 30 2 *"}, "cron", "within 5 years (CRON_HORIZON_YEARS)"),
         ({"tz": "Mars/Olympus"}, "tz", "IANA time zone"),
+        ({"tz": "localtime"}, "tz", "IANA time zone"),
+        ({"tz": "Factory"}, "tz", "IANA time zone"),
+        ({"tz": "posix/Europe/Berlin"}, "tz", "IANA time zone"),
         ({"tz": "../../etc/passwd"}, "tz", "IANA time zone"),
         ({"starting_deadline_s": 10**9}, "starting_deadline_s", "between 1 and 604800"),
         ({"concurrency_policy": "sometimes"}, "concurrency_policy", "allow, forbid, replace"),
@@ -153,7 +156,7 @@ def test_bad_fields_are_refused_naming_field_value_and_limit(
         "cron": "0 3 * * *",
         "tz": "Europe/Berlin",
         "concurrency_policy": "",
-        "starting_deadline_s": 0,
+        "starting_deadline_s": None,
         **fields,
     }
     with pytest.raises(InvalidArgument) as caught:
@@ -164,8 +167,16 @@ def test_bad_fields_are_refused_naming_field_value_and_limit(
 
 
 def test_defaults_are_allow_and_sixty_seconds() -> None:
-    """An empty policy is allow; a zero deadline is the default 60 s."""
+    """An empty policy is allow; no deadline is the default 60 s."""
     rules = check_schedule(
-        name="n", cron="@hourly", tz="UTC", concurrency_policy="", starting_deadline_s=0, now=NOW
+        name="n", cron="@hourly", tz="UTC", concurrency_policy="", starting_deadline_s=None, now=NOW
     )
     assert (rules.concurrency_policy, rules.starting_deadline_s) == ("allow", 60)
+
+
+def test_a_zero_starting_deadline_is_refused() -> None:
+    """A deadline of 0 s is below the range, refused as -1 is (not read as the default)."""
+    with pytest.raises(InvalidArgument, match=r"starting_deadline_s must be between 1 and 604800"):
+        check_schedule(
+            name="n", cron="@hourly", tz="UTC", concurrency_policy="", starting_deadline_s=0, now=NOW
+        )
