@@ -131,7 +131,7 @@ class Harness:
         try:
             async with trio.open_nursery() as sampling:
                 if s.devices:
-                    sampling.start_soon(self._sample_devices, client, finished)
+                    sampling.start_soon(self._sample_devices, finished)
                 await self._inject_then_wait(client, addresses)
                 finished.set()
         finally:
@@ -512,21 +512,14 @@ class Harness:
                 await trio.sleep(0.5)  # no replica answered (one may be frozen): again
         raise FaultError("the chaos schedule could not be paused")
 
-    async def _sample_devices(self, client: ControlPlaneClient, stop: trio.Event) -> None:
+    async def _sample_devices(self, stop: trio.Event) -> None:
         """Every half second until ``stop`` (every job finished): the gpu in use and offered by the
-        alive workers and the pending jobs, from the status (a sample the status call misses is
-        skipped)."""
+        alive workers and the gpu jobs waiting, from the database in one snapshot
+        (:func:`ops.checker.device_use`; a read the database does not answer is skipped)."""
+        database_url = self.cluster.config().database_url
         while not stop.is_set():
             with contextlib.suppress(StockadeError):
-                status = await client.call("status", pb.StatusRequest())
-                used = offered = 0
-                for worker in status.workers:
-                    if worker.state != "alive":
-                        continue
-                    offered += sum(len(r.units) for r in worker.resources if r.name == "gpu")
-                    used += sum(len(r.units) for r in worker.resources_in_use if r.name == "gpu")
-                pending = sum(c.count for c in status.jobs if c.state == "pending")
-                self.result.device_samples.append((used, offered, pending))
+                self.result.device_samples.append(await checker.device_use(database_url))
             with trio.move_on_after(0.5):
                 await stop.wait()
 

@@ -180,13 +180,13 @@ class ChaosResult:
     duration_s: float = 0.0
     errors: list[str] = attrs.field(factory=list)
     device_samples: list[tuple[int, int, int]] = attrs.field(factory=list)
-    """With devices: (gpu in use, gpu offered by alive workers, pending jobs) read from the
-    status every half second from the first submission until every job finished."""
+    """With devices: (gpu in use, gpu offered by alive workers, gpu jobs waiting) read from the
+    database every half second from the first submission until every job finished."""
 
     @property
     def device_use_while_waiting(self) -> float | None:
-        """The mean share of the gpu in use over the samples taken while jobs were pending (and
-        gpu offered); None without such a sample."""
+        """The mean share of the gpu in use over the samples taken while jobs asking gpu were
+        pending past their backoff (and gpu offered); None without such a sample."""
         shares = [used / offered for used, offered, pending in self.device_samples if pending and offered]
         return sum(shares) / len(shares) if shares else None
 

@@ -626,6 +626,15 @@ SELECT g.id AS gang_id, a.gang_attempt AS attempt, g.size,
  ORDER BY g.id, a.gang_attempt
 """
 PARTIAL_GANGS = "SELECT count(*) FROM partial_gangs"
+DEVICE_USE = """
+SELECT (SELECT count(*) FROM assignment_units u JOIN workers w ON w.id = u.worker_id
+         WHERE u.active AND u.resource = $1 AND w.state = 'alive') AS used,
+       (SELECT coalesce(sum(jsonb_array_length(w.resources -> $1)), 0) FROM workers w
+         WHERE w.state = 'alive' AND w.resources ? $1) AS offered,
+       (SELECT count(*) FROM jobs j
+         WHERE j.state = 'pending' AND j.resources ? $1
+           AND (j.not_before IS NULL OR j.not_before <= now())) AS waiting
+"""
 STALE_WRITES = "SELECT count(*) FROM stale_writes"
 ELECTIONS = "SELECT count(*) FROM lease_history"
 LEAVES = "SELECT count(*) FROM worker_leaves"
@@ -712,6 +721,20 @@ async def partial_gangs(database_url: str) -> int:
     """
     async with _connection(database_url) as conn:
         return int(await conn.fetchval(PARTIAL_GANGS))
+
+
+async def device_use(database_url: str, resource: str = "gpu") -> tuple[int, int, int]:
+    """Now, by database time: the units of ``resource`` that active assignments hold on alive
+    workers, the units alive workers offer, and the pending jobs asking it whose backoff has
+    passed (waiting for units, or for room beside them).
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached.
+    """
+    async with _connection(database_url) as conn:
+        row = await conn.fetchrow(DEVICE_USE, resource)
+    assert row is not None
+    return int(row["used"]), int(row["offered"]), int(row["waiting"])
 
 
 async def load_history(database_url: str) -> History:
