@@ -192,11 +192,13 @@ def test_status_json_prints_the_stable_keys(launch: Launch) -> None:
         "epoch",
         "control_planes",
         "workers",
+        "devices",
         "jobs",
         "unschedulable",
         "heartbeat",
         "metrics",
     }
+    assert data["devices"] == {}
     assert data["heartbeat"] == {
         "interval_s": 0.25,
         "dead_after_s": 2.5,
@@ -226,7 +228,10 @@ def test_status_json_prints_the_stable_keys(launch: Launch) -> None:
             "unhealthy",
             "unhealthy_reason",
             "unhealthy_since_unix_s",
+            "resources",
+            "resources_in_use",
         }
+        assert (worker["resources"], worker["resources_in_use"]) == ({}, {})
         assert worker["state"] == "alive"
         assert (worker["unhealthy"], worker["unhealthy_reason"], worker["unhealthy_since_unix_s"]) == (
             False,
