@@ -131,7 +131,9 @@ def test_a_schedule_named_twice_is_refused_at_its_second_name(tmp_path: Path) ->
 def test_yaml_schedules_named_twice_are_refused(tmp_path: Path) -> None:
     """The same rule in YAML, at the second schedule's name line."""
     path = tmp_path / "s.yaml"
-    one = "  - name: tick\n    cron: '*/2 * * * * *'\n    job: {cpu_millis: 100, memory_mb: 64, sleep_s: 0.5}\n"
+    one = (
+        "  - name: tick\n    cron: '*/2 * * * * *'\n    job: {cpu_millis: 100, memory_mb: 64, sleep_s: 0.5}\n"
+    )
     path.write_text("schedules:\n" + one + one)
     with pytest.raises(JobFileError, match=r"s\.yaml:5: name: schedule 'tick' is named twice"):
         read_schedules(path)
