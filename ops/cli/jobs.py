@@ -411,7 +411,9 @@ def run(
             schedules, batch_keys(f"{key}/schedules", len(schedules)) if schedules else [], strict=True
         ):
             try:
-                with answer_unknown(schedule_key, "stored the schedule"):
+                # the command's own key: run again under it, the file's jobs and schedules
+                # are answered again (each schedule's key is derived from it), not stored twice
+                with answer_unknown(key, f"stored schedule {schedule.name!r}"):
                     _add_file_schedule(addresses, schedule, schedule_key)
             except Exception as raised:
                 if ids or added:
@@ -459,8 +461,9 @@ def _partly_stored(
     key: str, ids: list[int], added: list[str], rest: list[FileSchedule], raised: BaseException
 ) -> str:
     """What a job file's run stored before one of its schedules failed, and what it did not:
-    ``... but this file's jobs 12, 13 (printed) and schedule 'tick1' were stored before it; not
-    stored: schedule 'tick2'``."""
+    ``This file is partly stored: before schedule 'tick2' failed, jobs 12, 13 and schedule
+    'tick1' were stored (printed on stdout); not stored: 'tick2', 'tick3'; ...`` (a schedule
+    whose call got no answer ``may or may not be stored``)."""
     from runtime.errors import Unavailable
 
     stored = []
@@ -472,7 +475,7 @@ def _partly_stored(
     unknown = isinstance(sole_error(raised), Unavailable)
     words = (
         f"This file is partly stored: before schedule {failed.name!r} failed, {' and '.join(stored)}"
-        " were stored (printed on stdout); "
+        f" {'was' if len(ids) + len(added) == 1 else 'were'} stored (printed on stdout); "
     )
     words += (
         f"schedule {failed.name!r} may or may not be stored" if unknown else f"not stored: {failed.name!r}"

@@ -253,3 +253,19 @@ def test_run_under_a_given_key_finds_its_own_schedules(
         "k1/schedules/2",
         "k1/schedules/3",
     ]
+
+
+def test_a_schedule_without_an_answer_may_or_may_not_be_stored(tmp_path: Path) -> None:
+    """When no control plane answered for a schedule, the words say it may be stored, name the
+    later ones not stored, and the command's key to run the file again with."""
+    from ops.cli.jobs import _partly_stored
+    from ops.jobfile import read_schedules
+    from runtime.errors import Unavailable
+
+    file = tmp_path / "jobs.toml"
+    file.write_text(FILE)
+    schedules = read_schedules(file)
+    words = _partly_stored("k1", [12], [], schedules, Unavailable("no answer"))
+    assert words.startswith("This file is partly stored: before schedule 'tick1' failed, job 12 was stored")
+    assert "schedule 'tick1' may or may not be stored; not stored: 'tick2', 'tick3'" in words
+    assert "--idempotency-key k1" in words
