@@ -546,8 +546,9 @@ def job(
     runtime, max_attempts, retry_backoff_s, count_lost, timeout_s, constraints, env, workdir,
     after, array), plus a status object that `stockade run` ignores: job_id, state, reason,
     worker_id, assignment_id, epoch, attempts, failures, exit_code, the times (Unix s),
-    array_id, array_index, array_counts, attempt_history, stdout_path, stderr_path (null where
-    there is none; the shape is ops.cli.render.job_json's). So `stockade job 7 --json >
+    array_id, array_index, array_counts, attempt_history, stdout_path, stderr_path, schedule and
+    schedule_slot_unix_s (of a job a schedule fired) (null where there is none; the shape is
+    ops.cli.render.job_json's). So `stockade job 7 --json >
     j.json && stockade run j.json` submits it again. It holds no output: read the paths.
     """
     if events:
