@@ -48,10 +48,15 @@ def job_info(row: Any, *, env_values: bool) -> pb.JobInfo:
             failures=row["gang_failures"],
             detail=row["gang_detail"],
         )
+    if row.get("schedule_name") is not None:
+        info.schedule = row["schedule_name"]
+        info.schedule_slot_unix_s = row["schedule_slot_unix_s"]
     if row["cancel_requested"] and row["state"] in ("assigned", "running"):
-        # A task its array's max_failed_tasks cancels says so (schema.sql, array_task_failed).
+        # A task its array's max_failed_tasks cancels says so (schema.sql, array_task_failed),
+        # as a job a schedule's replace cancels does (FIRE_SCHEDULE_SLOTS).
         why = row["detail"] or ""
-        info.reason = "cancelling: " + why if why.startswith("max_failed_tasks:") else "cancelling"
+        told = why.startswith(("max_failed_tasks:", "replaced by schedule "))
+        info.reason = "cancelling: " + why if told else "cancelling"
     elif row["detail"] and not info.reason:
         info.reason = row["detail"]
     return info

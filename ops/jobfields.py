@@ -423,16 +423,16 @@ def spec_of_table(table: Mapping[str, Any]) -> JobSpec:
     return spec_of(fields)
 
 
-def unknown_fields_message(names: Iterable[str], known: Iterable[str]) -> str:
-    """``unknown field 'max_attempt' (did you mean 'max_attempts'?)`` for each name, and where
-    the fields are listed."""
+def unknown_fields_message(names: Iterable[str], known: Iterable[str], *, of: str = "a job's") -> str:
+    """``unknown field 'max_attempt' (did you mean 'max_attempts'?)`` for each name, and the
+    fields ``known`` (``of``: whose they are, ``a schedule's``)."""
     known = list(known)
     parts = []
     for name in names:
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         parts.append(repr(name) + (f" (did you mean {close[0]!r}?)" if close else ""))
     noun = "field" if len(parts) == 1 else "fields"
-    return f"unknown {noun} {', '.join(parts)}; a job's fields: {', '.join(FIELDS)}"
+    return f"unknown {noun} {', '.join(parts)}; {of} fields: {', '.join(known)}"
 
 
 def fields_of(spec: JobSpec) -> dict[str, Any]:

@@ -206,8 +206,12 @@ def _schedules_of(shown: str, fmt: str, text: str) -> list[FileSchedule]:
     tables = document[SCHEDULES_KEY]
     if isinstance(tables, dict):
         tables = [tables]
-    if not isinstance(tables, list) or not tables:
+    if not isinstance(tables, list):
         raise JobFileError(where(), f"{SCHEDULES_KEY!r} must be a list of schedules (tables)")
+    if not tables:
+        raise JobFileError(
+            where(), f"{SCHEDULES_KEY!r} is an empty list: give at least one schedule, or leave it out"
+        )
     if len(tables) > MAX_FILE_SCHEDULES:
         raise JobFileError(
             where(),
@@ -222,7 +226,11 @@ def _schedules_of(shown: str, fmt: str, text: str) -> list[FileSchedule]:
             raise JobFileError(where((index,)), f"a schedule must be a table of fields, got {table!r}"[:200])
         unknown = [str(k) for k in table if k not in SCHEDULE_FIELDS]
         if unknown:
-            raise JobFileError(where((index, unknown[0])), unknown_fields_message(unknown, SCHEDULE_FIELDS))
+            raise JobFileError(
+                where((index, unknown[0])),
+                unknown_fields_message(unknown, SCHEDULE_FIELDS, of="a schedule's"),
+                field=unknown[0],
+            )
         job_table = table.get("job")
         if not isinstance(job_table, dict):
             raise JobFileError(
@@ -239,6 +247,11 @@ def _schedules_of(shown: str, fmt: str, text: str) -> list[FileSchedule]:
                     field=f"job.{forbidden}",
                     value=job_table[forbidden],
                 )
+        unknown = [str(k) for k in job_table if k not in FIELDS and k != STATUS_KEY]
+        if unknown:  # at the field's own line, not the ``[schedules.job]`` header's
+            raise JobFileError(
+                where((index, "job", unknown[0])), unknown_fields_message(unknown, FIELDS), field=unknown[0]
+            )
         try:
             job = spec_of_table(job_table)
         except InvalidArgument as exc:
@@ -264,6 +277,14 @@ def _schedules_of(shown: str, fmt: str, text: str) -> list[FileSchedule]:
             raise JobFileError(
                 where((index, exc.field)), str(exc), field=exc.field, value=exc.value
             ) from None
+        twice = next((s for s in found if s.name == rules.name), None)
+        if twice is not None:
+            raise JobFileError(
+                where((index, "name")),
+                f"name: schedule {rules.name!r} is named twice in this file (each name once)",
+                field="name",
+                value=rules.name,
+            )
         found.append(
             FileSchedule(
                 name=rules.name,

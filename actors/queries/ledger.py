@@ -502,10 +502,11 @@ ON CONFLICT (id) DO UPDATE
 # resume); else the cursor moves to the last slot. The cancel marks a job as queries.CANCEL_JOB
 # does (pending or waiting: cancelled now; assigned or running: cancel_requested, which the
 # reconciler carries out on its worker). Answer: one row per slot recorded, slot_at and job_id
-# (NULL: skipped).
+# (NULL: skipped). A replaced job's detail (and, cancelled at once, its reason) says so:
+# ``replaced by schedule NAME's slot 2026-12-05T22:00:00Z``.
 FIRE_SCHEDULE_SLOTS = """
 WITH s AS (
-    SELECT id, job, owner FROM schedules
+    SELECT id, name, job, owner FROM schedules
      WHERE id = $1::bigint AND slots_through = $2::timestamptz AND NOT paused
        FOR NO KEY UPDATE
 ),
@@ -548,13 +549,22 @@ moved AS (
     UPDATE schedules SET slots_through = (SELECT max(slot_at) FROM slots)
      WHERE id = $1::bigint AND EXISTS (SELECT FROM slots)
 ),
+replaced_by AS (
+    -- what the replace cancel says: the schedule and its newest slot fired (else recorded)
+    SELECT 'replaced by schedule ' || s.name || '''s slot '
+           || to_char(coalesce((SELECT max(slot_at) FROM fired), (SELECT max(slot_at) FROM slots))
+                      AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"') AS words
+      FROM s
+),
 cancelled AS (
     UPDATE jobs j
        SET cancel_requested = j.state IN ('assigned', 'running'),
            cancel_requested_at = coalesce(j.cancel_requested_at, now()),
-           reason = CASE WHEN j.state IN ('pending', 'waiting') THEN '' ELSE j.reason END,
+           reason = CASE WHEN j.state IN ('pending', 'waiting') THEN b.words ELSE j.reason END,
+           detail = b.words,
            state = CASE WHEN j.state IN ('pending', 'waiting') THEN 'cancelled' ELSE j.state END,
            finished_at = CASE WHEN j.state IN ('pending', 'waiting') THEN now() ELSE j.finished_at END
+      FROM replaced_by b
      WHERE j.id = ANY($7::bigint[]) AND EXISTS (SELECT FROM slots)
        AND j.state IN ('waiting', 'pending', 'assigned', 'running')
 )

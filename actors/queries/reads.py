@@ -22,9 +22,16 @@ SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_m
        a.id AS assignment_id, a.worker_id, a.epoch, r.array_first, r.array_last,
        extract(epoch FROM now())::float8 AS read_unix_s,
        j.gang_id, j.gang_rank, g.size AS gang_size, g.spread AS gang_spread, g.state AS gang_state,
-       g.attempts AS gang_attempts, g.failures AS gang_failures, g.detail AS gang_detail
+       g.attempts AS gang_attempts, g.failures AS gang_failures, g.detail AS gang_detail,
+       sl.schedule_name, extract(epoch FROM sl.slot_at)::float8 AS schedule_slot_unix_s
   FROM jobs j
   LEFT JOIN gangs g ON g.id = j.gang_id
+  -- A job a schedule fired: the schedule and the slot (schedule_slots' unique job_id)
+  LEFT JOIN LATERAL (
+      SELECT s.name AS schedule_name, ss.slot_at
+        FROM schedule_slots ss JOIN schedules s ON s.id = ss.schedule_id
+       WHERE ss.job_id = j.id
+  ) sl ON true
   LEFT JOIN LATERAL (
       SELECT id, worker_id, epoch FROM assignments
        WHERE job_id = j.id ORDER BY id DESC LIMIT 1
@@ -94,7 +101,12 @@ before_end AS (
     SELECT 'submitted' AS kind, j.submitted_at AS at, 0 AS rank, NULL::bigint AS assignment_id,
            NULL::text AS worker_id, NULL::bigint AS incarnation, NULL::bigint AS epoch,
            NULL::text AS state, NULL::text AS reason, NULL::text AS outcome,
-           NULL::integer AS exit_code, NULL::text AS detail, NULL::timestamptz AS not_before
+           NULL::integer AS exit_code,
+           (SELECT 'fired by schedule ' || s.name || '''s slot '
+                   || to_char(ss.slot_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+              FROM schedule_slots ss JOIN schedules s ON s.id = ss.schedule_id
+             WHERE ss.job_id = j.id) AS detail,
+           NULL::timestamptz AS not_before
       FROM j
     UNION ALL
     SELECT 'waiting', j.submitted_at, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
@@ -102,7 +114,9 @@ before_end AS (
       FROM j WHERE cardinality(j.after_ids) > 0
     UNION ALL
     SELECT 'cancel_requested', j.cancel_requested_at, 2, NULL, NULL, NULL, NULL, NULL, NULL,
-           NULL, NULL, NULL, NULL
+           NULL, NULL,
+           -- who asked, where the asker said so: a schedule's replace (FIRE_SCHEDULE_SLOTS)
+           CASE WHEN j.detail LIKE 'replaced by schedule %' THEN j.detail END, NULL
       FROM j WHERE j.cancel_requested_at IS NOT NULL
     UNION ALL
     SELECT 'placed', r.created_at, 3, r.id, r.worker_id, r.worker_incarnation, r.epoch, NULL,

@@ -111,7 +111,7 @@ def _operational(exc: BaseException) -> bool:
     return isinstance(kind, type) and isinstance(exc, kind)
 
 
-def _sole_error(exc: BaseException) -> BaseException:
+def sole_error(exc: BaseException) -> BaseException:
     """The one error inside nested exception groups of one error each, else ``exc`` itself."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
@@ -176,7 +176,7 @@ def errors() -> Iterator[None]:
     try:
         yield
     except Exception as raised:
-        exc = _sole_error(raised)
+        exc = sole_error(raised)
         if isinstance(exc, InvalidArgument | NotFound | IdempotencyConflict):
             fail(_with_notes(str(exc), exc), EXIT_INVALID)
         if isinstance(exc, ClusterBusy):
@@ -199,7 +199,7 @@ def errors() -> Iterator[None]:
                 EXIT_UNAVAILABLE,
             )
         if isinstance(exc, DatabaseRefused | LocalFileError | FailedPrecondition | ResourcesUnavailable):
-            fail(str(exc), EXIT_UNAVAILABLE)
+            fail(_with_notes(str(exc), exc), EXIT_UNAVAILABLE)
         if isinstance(exc, Unavailable | RemoteError | ClusterError) or _operational(exc):
             fail(_with_notes(str(exc), exc), EXIT_UNAVAILABLE)
         raise

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -56,6 +56,7 @@ def print_job(info: Job, tails: list[OutputTail]) -> None:
             if info.worker_id and info.state in ("pending", "waiting")
             else (("worker", info.worker_id or "-"),)
         ),
+        *((("schedule", schedule_text(info)),) if info.schedule else ()),
         ("assignment", str(info.assignment_id or "-")),
         ("epoch", str(info.epoch or "-")),
         *lifecycle_rows(info),
@@ -210,6 +211,16 @@ def attempts_view(attempts: Sequence[Attempt], console: Console) -> Group:
     return Group(*parts)
 
 
+def schedule_text(info: Job) -> str:
+    """The ``schedule`` row of a job a schedule fired: ``nightly, slot 2026-12-05 02:30:00 UTC
+    (03:30:00 CET)``, the slot in UTC and in local time."""
+    if not info.schedule_slot_unix_s:
+        return info.schedule or "-"
+    slot = datetime.fromtimestamp(info.schedule_slot_unix_s, UTC)
+    local = slot.astimezone()
+    return f"{info.schedule}, slot {slot:%Y-%m-%d %H:%M:%S} UTC ({local:%H:%M:%S %Z})"
+
+
 def event_time(unix_s: float | None) -> str:
     """``unix_s`` as local time to the millisecond, ``2026-12-01 12:00:00.123``; ``-`` for none."""
     if not unix_s:
@@ -251,7 +262,7 @@ def event_text(event: JobEvent) -> str:
         case "final":
             return f"{event.state}{exit_code}{detail}"
         case "cancel_requested":
-            return "a cancel was asked"
+            return "a cancel was asked" + (f": {event.detail}" if event.detail else "")
         case _:
             return event.detail or ""
 

@@ -32,6 +32,7 @@ from ops.cli.common import (
     idempotency_key_of,
     local_ha_db_dir,
     local_metrics,
+    sole_error,
     with_client,
 )
 from runtime import validation
@@ -373,7 +374,9 @@ def run(
     jobs, and after naming jobs of the file by name (after = ["prepare", 12]), stored in one
     transaction, each after those it names; a cycle is refused (after: cycle a -> b -> a).
     A top-level schedules list adds periodic jobs (name, cron, tz, concurrency_policy,
-    starting_deadline_s, and job: a job's table; docs/schedules.md), after the jobs.
+    starting_deadline_s, and job: a job's table; docs/schedules.md), each once, after the
+    jobs; the file is refused whole when a schedule of one of its names exists (without
+    --idempotency-key), and a schedule refused later is reported with what was stored.
     Errors name the file and line: jobs.toml:7: max_attempts must be between 1 and 100, got 0.
     """
     from ops import jobfile
@@ -394,19 +397,95 @@ def run(
     key = idempotency_key_of(idempotency_key)
     with errors():
         addresses = control_plane_addresses(control_planes)
+        if schedules and idempotency_key is None:
+            # A fresh key: nothing of this run can exist yet, so a schedule of its name is
+            # another's and the whole file is refused before anything is stored. (Run again
+            # under its key, a file finds its own schedules: the cluster answers each once.)
+            _refuse_existing_schedules(addresses, schedules)
         try:
             ids = _submit(addresses, specs, key=key) if specs else []
         except InvalidArgument as exc:
             raise _placed_in_file(exc, specs, where) from None
+        added: list[str] = []
         for schedule, schedule_key in zip(
             schedules, batch_keys(f"{key}/schedules", len(schedules)) if schedules else [], strict=True
         ):
-            with answer_unknown(schedule_key, "stored the schedule"):
-                _add_file_schedule(addresses, schedule, schedule_key)
+            try:
+                # the command's own key: run again under it, the file's jobs and schedules
+                # are answered again (each schedule's key is derived from it), not stored twice
+                with answer_unknown(key, f"stored schedule {schedule.name!r}"):
+                    _add_file_schedule(addresses, schedule, schedule_key)
+            except Exception as raised:
+                if ids or added:
+                    for job_id in ids:  # stored: print them, as a run that ends well does
+                        console().print(job_id)
+                    for name in added:
+                        console().print(f"schedule {name}")
+                    sole_error(raised).add_note(
+                        _partly_stored(key, ids, added, schedules[len(added) :], raised)
+                    )
+                raise
+            added.append(schedule.name)
     for job_id in ids:
         console().print(job_id)
     for schedule in schedules:
         console().print(f"schedule {schedule.name}")
+
+
+def _refuse_existing_schedules(addresses: list[str], schedules: list[FileSchedule]) -> None:
+    """Refuse a job file, before anything of it is stored, when a schedule of one of its names
+    exists (of those the caller may see: another account's is found when it is added).
+
+    Raises:
+        FailedPrecondition: ``schedule 'tick2' exists: nothing was stored; ...``.
+    """
+    from runtime.errors import FailedPrecondition
+
+    async def body(client: Client) -> set[str]:
+        return {s.name for s in await client.schedules()}
+
+    existing = with_client(addresses, body)
+    taken = [s.name for s in schedules if s.name in existing]
+    if taken:
+        names = ", ".join(repr(n) for n in taken)
+        raise FailedPrecondition(
+            f"schedule {names} exists: nothing was stored (neither the file's jobs nor its "
+            f"schedules); remove it first (stockade schedule remove {taken[0]}) or choose another name"
+            if len(taken) == 1
+            else f"schedules {names} exist: nothing was stored (neither the file's jobs nor its "
+            "schedules); remove them first (stockade schedule remove NAME) or choose other names"
+        )
+
+
+def _partly_stored(
+    key: str, ids: list[int], added: list[str], rest: list[FileSchedule], raised: BaseException
+) -> str:
+    """What a job file's run stored before one of its schedules failed, and what it did not:
+    ``This file is partly stored: before schedule 'tick2' failed, jobs 12, 13 and schedule
+    'tick1' were stored (printed on stdout); not stored: 'tick2', 'tick3'; ...`` (a schedule
+    whose call got no answer ``may or may not be stored``)."""
+    from runtime.errors import Unavailable
+
+    stored = []
+    if ids:
+        stored.append(("job " if len(ids) == 1 else "jobs ") + ", ".join(str(i) for i in ids))
+    if added:
+        stored.append(("schedule " if len(added) == 1 else "schedules ") + ", ".join(repr(n) for n in added))
+    failed, later = rest[0], rest[1:]
+    unknown = isinstance(sole_error(raised), Unavailable)
+    words = (
+        f"This file is partly stored: before schedule {failed.name!r} failed, {' and '.join(stored)}"
+        f" {'was' if len(ids) + len(added) == 1 else 'were'} stored (printed on stdout); "
+    )
+    words += (
+        f"schedule {failed.name!r} may or may not be stored" if unknown else f"not stored: {failed.name!r}"
+    )
+    if later:
+        words += (", " if not unknown else "; not stored: ") + ", ".join(repr(s.name) for s in later)
+    return words + (
+        "; add those not stored with `stockade schedule add` or a file of only them (running this"
+        f" file again stores its jobs again, unless under --idempotency-key {key})"
+    )
 
 
 def _add_file_schedule(addresses: list[str], schedule: FileSchedule, key: str) -> None:
@@ -467,8 +546,9 @@ def job(
     runtime, max_attempts, retry_backoff_s, count_lost, timeout_s, constraints, env, workdir,
     after, array), plus a status object that `stockade run` ignores: job_id, state, reason,
     worker_id, assignment_id, epoch, attempts, failures, exit_code, the times (Unix s),
-    array_id, array_index, array_counts, attempt_history, stdout_path, stderr_path (null where
-    there is none; the shape is ops.cli.render.job_json's). So `stockade job 7 --json >
+    array_id, array_index, array_counts, attempt_history, stdout_path, stderr_path, schedule and
+    schedule_slot_unix_s (of a job a schedule fired) (null where there is none; the shape is
+    ops.cli.render.job_json's). So `stockade job 7 --json >
     j.json && stockade run j.json` submits it again. It holds no output: read the paths.
     """
     if events:

@@ -290,7 +290,8 @@ def job_status_json(info: Job) -> dict[str, Any]:
     ``array_index`` (or null), ``array_counts`` (tasks by state), ``attempt_history`` (oldest
     first, :func:`attempt_json`), ``stdout_path`` and ``stderr_path`` (or null), ``owner`` (the
     account that submitted it, or null), ``gang`` (a gang's task: its gang's id, its rank, the
-    gang's size, spread, state, attempts, failures and detail; or null).
+    gang's size, spread, state, attempts, failures and detail; or null), ``schedule`` and
+    ``schedule_slot_unix_s`` (a job a schedule fired: its name and the slot; or null).
     """
     return {
         "job_id": info.job_id,
@@ -314,6 +315,8 @@ def job_status_json(info: Job) -> dict[str, Any]:
         "stderr_path": info.stderr_path,
         "owner": info.owner,
         "gang": None if info.gang is None else attrs.asdict(info.gang),
+        "schedule": info.schedule,
+        "schedule_slot_unix_s": info.schedule_slot_unix_s,
     }
 
 

@@ -106,6 +106,10 @@ class Job:
     """The account that submitted it (docs/accounts.md); None when the control plane did not say."""
     gang: JobGang | None = None
     """A gang's task: its gang and where the gang stands (docs/gangs.md); None: not a task."""
+    schedule: str | None = None
+    """The schedule that fired it (docs/schedules.md); None: none (or it was removed)."""
+    schedule_slot_unix_s: float | None = None
+    """The slot of :attr:`schedule` it was fired for (Unix s); None: not fired by a schedule."""
 
     @property
     def ended(self) -> bool:
@@ -146,9 +150,11 @@ class JobEvent:
 
     ``kind`` says which fields apply; the others are None:
 
-    - ``submitted``: the job was stored.
+    - ``submitted``: the job was stored (``detail`` of a job a schedule fired: ``fired by
+      schedule nightly's slot 2026-12-05T02:30:00Z``).
     - ``waiting``: at submission, for its dependencies (``detail``: ``waiting for job 3, 4``).
-    - ``cancel_requested``: a cancel was first asked.
+    - ``cancel_requested``: a cancel was first asked (``detail`` of a schedule's replace:
+      ``replaced by schedule nightly's slot 2026-12-06T02:30:00Z``).
     - ``placed``: ``assignment_id`` on ``worker_id`` (its ``incarnation``), committed by the
       leader of ``epoch`` (``leader``).
     - ``confirmed``: the first heartbeat of ``worker_id`` that listed the assignment as running.

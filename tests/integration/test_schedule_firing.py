@@ -180,3 +180,52 @@ async def test_forbid_skips_while_the_previous_job_is_open_and_replace_cancels_i
         forbid,
     )
     assert newest is not None and newest["outcome"] == "fired" and newest["job_id"] != first_job
+
+
+async def test_a_fired_job_names_its_schedule_and_a_replaced_one_says_what_replaced_it(
+    db: PgConnection, database_url: str
+) -> None:
+    """replace: the pending job cancelled by the next slot has reason and detail ``replaced by
+    schedule NAME's slot TIME``; GET_JOB reads each fired job's schedule and slot, and
+    JOB_EVENTS says which slot fired it and what asked its cancel."""
+    schedule_id = await add_schedule(db, back_s=1, policy="replace")
+    assert await take_over(db, "cp-1") == 1
+    async with trio.open_nursery() as nursery:
+        ledger, _ = await run_ledger(nursery, database_url)
+        actor = scheduler(database_url, ledger)
+        await actor.fire_due(1)
+        first_job = await db.fetchval(
+            "SELECT max(job_id) FROM schedule_slots WHERE schedule_id = $1", schedule_id
+        )
+        await trio.sleep(1.1)  # the next slot is due (the database's clock decides)
+        await actor.fire_due(1)
+        await actor.store.close()
+        nursery.cancel_scope.cancel()
+    first_slot, newest = (
+        await db.fetchval("SELECT slot_at FROM schedule_slots WHERE job_id = $1", first_job),
+        await db.fetchrow(
+            "SELECT slot_at, job_id FROM schedule_slots WHERE schedule_id = $1 AND outcome = 'fired'"
+            " ORDER BY slot_at DESC LIMIT 1",
+            schedule_id,
+        ),
+    )
+    assert newest is not None and newest["job_id"] != first_job
+    words = f"replaced by schedule every-second's slot {newest['slot_at']:%Y-%m-%dT%H:%M:%SZ}"
+    cancelled = await db.fetchrow("SELECT state, reason, detail FROM jobs WHERE id = $1", first_job)
+    assert cancelled is not None and dict(cancelled) == {
+        "state": "cancelled",
+        "reason": words,
+        "detail": words,
+    }
+    info = await db.fetchrow(queries.GET_JOB, first_job, None)
+    assert info is not None and info["schedule_name"] == "every-second"
+    assert info["schedule_slot_unix_s"] == first_slot.timestamp()
+    events = {r["kind"]: r["detail"] for r in await db.fetch(queries.JOB_EVENTS, first_job, None)}
+    assert events["submitted"] == f"fired by schedule every-second's slot {first_slot:%Y-%m-%dT%H:%M:%SZ}"
+    assert events["cancel_requested"] == words
+    plain = await db.fetchval(
+        "INSERT INTO jobs (name, cpu_millis, memory_mb, runtime, sleep_ms)"
+        " VALUES ('plain', 100, 10, 'sleep', 10) RETURNING id"
+    )
+    info = await db.fetchrow(queries.GET_JOB, plain, None)
+    assert info is not None and (info["schedule_name"], info["schedule_slot_unix_s"]) == (None, None)

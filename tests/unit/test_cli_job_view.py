@@ -4,11 +4,13 @@ retry wait, timeout, constraints, environment names (not values), workdir, after
 from __future__ import annotations
 
 import copy
+import json
 import re
 import time
 from datetime import datetime
 from pathlib import Path
 
+import attrs
 import pytest
 from typer.testing import CliRunner
 
@@ -238,3 +240,53 @@ def test_a_preempted_job_is_placed_again_at_once_not_after_a_backoff(
     result = CliRunner().invoke(app, ["job", "9", "--control-planes", "127.0.0.1:1"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert expected in result.output
+
+
+def test_a_job_a_schedule_fired_names_its_schedule_and_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`stockade job` has a schedule row (name, slot in UTC); --json's status has both."""
+    fired = pb.JobInfo.parse(bytes(RETRYING))
+    fired.schedule = "nightly"
+    fired.schedule_slot_unix_s = 1_764_901_800.0  # 2025-12-05 02:30:00 UTC
+
+    async def replica(*args: object, **kwargs: object) -> pb.JobInfo:
+        return fired
+
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", replica)
+    monkeypatch.setenv(INSECURE_ENV, "1")
+    result = CliRunner().invoke(app, ["job", "9", "--control-planes", "127.0.0.1:1"], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if line.startswith("schedule"))
+    assert "nightly, slot 2025-12-05 02:30:00 UTC" in row
+    shown = CliRunner().invoke(app, ["job", "9", "--json", "--control-planes", "127.0.0.1:1"])
+    status = json.loads(shown.output)["status"]
+    assert (status["schedule"], status["schedule_slot_unix_s"]) == ("nightly", 1_764_901_800.0)
+
+
+def test_a_job_no_schedule_fired_has_no_schedule_row() -> None:
+    """Without a schedule the row is left out and the JSON keys are null."""
+    from ops.cli.render import job_status_json
+
+    info = job_from_pb(RETRYING)
+    assert (info.schedule, info.schedule_slot_unix_s) == (None, None)
+    assert job_status_json(info)["schedule"] is None
+
+
+def test_the_events_say_which_schedule_fired_and_which_replaced_a_job() -> None:
+    """The submitted event of a fired job and the cancel a schedule's replace asked say so."""
+    from ops.cli.job_view import event_text
+    from ops.client.results import JobEvent
+
+    blank = dict.fromkeys(attrs.fields_dict(JobEvent), None)
+    fired = JobEvent(
+        **{**blank, "kind": "submitted", "detail": "fired by schedule tick's slot 2026-12-05T22:00:00Z"}
+    )
+    assert event_text(fired) == "fired by schedule tick's slot 2026-12-05T22:00:00Z"
+    cancel = JobEvent(
+        **{
+            **blank,
+            "kind": "cancel_requested",
+            "detail": "replaced by schedule tick's slot 2026-12-05T22:00:02Z",
+        }
+    )
+    assert event_text(cancel) == "a cancel was asked: replaced by schedule tick's slot 2026-12-05T22:00:02Z"
+    assert event_text(JobEvent(**{**blank, "kind": "cancel_requested"})) == "a cancel was asked"

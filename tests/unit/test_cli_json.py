@@ -59,6 +59,8 @@ STATUS_KEYS = [
     "stderr_path",
     "owner",
     "gang",
+    "schedule",
+    "schedule_slot_unix_s",
 ]
 """The keys of a job's ``status``, in order (documented in ``ops.cli.render.job_status_json``)."""
 
@@ -161,6 +163,8 @@ def test_job_json_is_a_job_file_with_a_status(answers: list[tuple[str, Any]]) ->
         "stderr_path": "/work/w-2/jobs/7-11/stderr.log",
         "owner": "alice",
         "gang": None,
+        "schedule": None,
+        "schedule_slot_unix_s": None,
     }
     assert answers == [("get_job", pb.GetJobRequest(job_id=7))]
 

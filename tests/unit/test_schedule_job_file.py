@@ -83,3 +83,57 @@ def test_a_schedules_job_may_not_wait_for_others(tmp_path: Path) -> None:
     path.write_text(TOML + "after = [1]\n")
     with pytest.raises(JobFileError, match=r"job.after must be empty for a schedule's job"):
         read_schedules(path)
+
+
+def test_an_unknown_schedule_field_lists_a_schedules_fields(tmp_path: Path) -> None:
+    """An unknown field of a [[schedules]] table is placed at its line and the message lists a
+    schedule's fields, not a job's."""
+    path = tmp_path / "jobs.toml"
+    path.write_text(TOML.replace('tz = "Europe/Berlin"', 'timezone = "Europe/Berlin"'))
+    with pytest.raises(JobFileError) as refused:
+        read_schedules(path)
+    words = str(refused.value)
+    assert words.startswith(f"{path}:10: unknown field 'timezone'")
+    assert "a schedule's fields: name, cron, tz, concurrency_policy, starting_deadline_s, job" in words
+    assert "cpu_millis" not in words
+
+
+def test_an_unknown_field_of_a_schedules_job_is_placed_at_its_own_line(tmp_path: Path) -> None:
+    """An unknown field inside [schedules.job] names the field's line, not the header's."""
+    path = tmp_path / "jobs.toml"
+    path.write_text(TOML.replace("memory_mb = 256", "memory_mb = 256\nmax_attempt = 3"))
+    with pytest.raises(JobFileError) as refused:
+        read_schedules(path)
+    assert str(refused.value).startswith(f"{path}:16: unknown field 'max_attempt'")
+    assert "did you mean 'max_attempts'?" in str(refused.value)
+
+
+def test_an_empty_schedules_list_is_called_empty(tmp_path: Path) -> None:
+    """``schedules = []`` is refused as an empty list, not as something other than a list."""
+    path = tmp_path / "jobs.toml"
+    path.write_text("schedules = []\n" + TOML.split("[[schedules]]")[0])
+    with pytest.raises(JobFileError, match=r"'schedules' is an empty list") as refused:
+        read_schedules(path)
+    assert "must be a list" not in str(refused.value)
+
+
+def test_a_schedule_named_twice_is_refused_at_its_second_name(tmp_path: Path) -> None:
+    """Two schedules of one name in one file: refused at reading, at the second's name line."""
+    path = tmp_path / "jobs.toml"
+    second = TOML.split("\n\n", 1)[1]
+    path.write_text(TOML + "\n" + second)
+    with pytest.raises(JobFileError) as refused:
+        read_schedules(path)
+    assert str(refused.value).startswith(f"{path}:19: name: schedule 'nightly' is named twice")
+    assert refused.value.field == "name"
+
+
+def test_yaml_schedules_named_twice_are_refused(tmp_path: Path) -> None:
+    """The same rule in YAML, at the second schedule's name line."""
+    path = tmp_path / "s.yaml"
+    one = (
+        "  - name: tick\n    cron: '*/2 * * * * *'\n    job: {cpu_millis: 100, memory_mb: 64, sleep_s: 0.5}\n"
+    )
+    path.write_text("schedules:\n" + one + one)
+    with pytest.raises(JobFileError, match=r"s\.yaml:5: name: schedule 'tick' is named twice"):
+        read_schedules(path)

@@ -922,6 +922,14 @@ class JobInfo(betterproto2.Message):
     A gang's task (docs/gangs.md): its gang and where the gang stands (unset: not a task).
     """
 
+    schedule: "str" = betterproto2.field(71, betterproto2.TYPE_STRING)
+    """
+    A job a schedule fired (docs/schedules.md): the schedule's name and the slot's instant
+    ("" and 0: fired by none, or its schedule was removed).
+    """
+
+    schedule_slot_unix_s: "float" = betterproto2.field(72, betterproto2.TYPE_DOUBLE)
+
 
 default_message_pool.register_message("stockade.v1", "JobInfo", JobInfo)
 
