@@ -60,11 +60,18 @@ async def serve_ingests(
         nursery.cancel_scope.cancel()
 
 
+NO_LAG_SHEDDING_S = 60.0
+"""The loop lag past which the test servers of :func:`mtls_control_plane` and
+:func:`ingest_and_leader` answer "busy": never, in practice. Their tests are about what the
+service stores and answers, and one call with no retry would fail on a loaded machine (a test
+process's loop lags past the default 0.25 s there); shedding has tests of its own."""
+
+
 @asynccontextmanager
 async def mtls_control_plane(database_url: str, certs: Path) -> AsyncIterator[str]:
     """One ingest (cp-1, a small pool) serving mutual TLS with cp-1's certificate in ``certs``;
-    yields its address."""
-    settings = IngestSettings(pool_size=2, liveness_reserved_connections=1)
+    yields its address. It sheds no work for loop lag (:data:`NO_LAG_SHEDDING_S`)."""
+    settings = IngestSettings(pool_size=2, liveness_reserved_connections=1, shed_lag_s=NO_LAG_SHEDDING_S)
     tls = server_context(TlsFiles.in_dir(certs, "cp-1"))
     async with serve_ingests(database_url, "cp-1", settings=settings, tls=tls) as (ingest,):
         yield ingest.address
@@ -77,8 +84,8 @@ async def ingest_and_leader(
     """One ingest actor on a small pool (2 connections, 1 reserved for liveness), a client of
     it, and an admin connection holding the lease at ``epoch`` (:data:`HOLD_LEASE`), for tests
     that send what workers send through the real service and run the leader's statements by
-    hand; all closed on leaving."""
-    settings = IngestSettings(pool_size=2, liveness_reserved_connections=1)
+    hand; all closed on leaving. It sheds no work for loop lag (:data:`NO_LAG_SHEDDING_S`)."""
+    settings = IngestSettings(pool_size=2, liveness_reserved_connections=1, shed_lag_s=NO_LAG_SHEDDING_S)
     async with serve_ingests(
         database_url, "cp-1", settings=settings, presence_interval_s=presence_interval_s
     ) as (ingest,):

@@ -76,8 +76,9 @@ def test_survivors_of_a_full_collection_are_frozen_and_garbage_is_not() -> None:
             assert gc.get_freeze_count() > 0
             assert kept.other is not None
             frozen = gc.get_freeze_count()
-            gc.collect(0)  # a young collection freezes nothing more
-            assert gc.get_freeze_count() == frozen
+            gc.collect(0)  # a young collection freezes nothing more (frozen objects the
+            # process drops meanwhile leave the count: refcounting frees them all the same)
+            assert gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
 
