@@ -996,6 +996,15 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM gang_after_rows WHERE gang_attempt IS NOT NULL AND state <> 'active') THEN
         RETURN NULL;
     END IF;
+    -- One end of a gang's runs at a time: two transactions each ending one task (two workers'
+    -- reports) would else each see the other's task still running, and neither would find the
+    -- gang succeeded. Locked in id order; each statement below reads after the lock (a fresh
+    -- snapshot per statement), so the second sees what the first committed.
+    PERFORM 1 FROM gangs g
+     WHERE g.id IN (SELECT j.gang_id FROM gang_after_rows a JOIN jobs j ON j.id = a.job_id
+                     WHERE a.gang_attempt IS NOT NULL AND a.state <> 'active')
+     ORDER BY g.id
+       FOR UPDATE OF g;
     WITH ended AS (
         SELECT j.gang_id, a.gang_attempt AS attempt,
                bool_or(a.counted OR a.state = 'lost') AS spends,

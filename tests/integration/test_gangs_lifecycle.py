@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import attrs
 import pytest
+import trio
 from serving import ingest_and_leader
 
 from actors import queries
@@ -222,6 +223,49 @@ async def test_a_gang_succeeds_when_every_task_did(cluster: Cluster) -> None:
     assert (await cluster.gang(tasks[0]))["state"] == "live"
     assert await cluster.partial() == 0
     await cluster.heartbeat("w-1", one, succeeded(placed[tasks[1]], tasks[1]))
+    assert (await cluster.gang(tasks[0]))["state"] == "succeeded"
+
+
+async def test_two_tasks_ending_in_concurrent_transactions_leave_the_gang_succeeded(
+    cluster: Cluster, database_url: str
+) -> None:
+    """Two workers' reports, each ending the last but one running task of a gang in its own
+    transaction at once, leave the gang succeeded (each would else see the other's task still
+    running, and neither would end the gang)."""
+    one = await cluster.register("w-1", "10.0.0.1:9000")
+    two = await cluster.register("w-2", "10.0.0.2:9000")
+    tasks = await cluster.submit_gang(2, spread=True)
+    placed = await cluster.place([(tasks[0], "w-1", one), (tasks[1], "w-2", two)])
+    first = await PgConnection.connect(database_url)
+    second = await PgConnection.connect(database_url)
+
+    async def report(conn: PgConnection, worker_id: str, task: int) -> None:
+        await conn.fetchval(
+            queries.RECORD_OUTCOMES,
+            worker_id,
+            [placed[task]],
+            ["succeeded"],
+            [0],
+            [100],
+            [0],
+            [""],
+            [""],
+            [""],
+        )
+
+    try:
+        await first.execute("BEGIN")
+        await second.execute("BEGIN")
+        await report(first, "w-1", tasks[0])
+        async with trio.open_nursery() as nursery:
+            # The second waits for the first's lock on the gang; it ends once the first commits.
+            nursery.start_soon(report, second, "w-2", tasks[1])
+            await trio.sleep(0.5)
+            await first.execute("COMMIT")
+        await second.execute("COMMIT")
+    finally:
+        await first.close()
+        await second.close()
     assert (await cluster.gang(tasks[0]))["state"] == "succeeded"
 
 

@@ -25,10 +25,12 @@ SPEC = JobSpec(name="g", cpu_millis=100, memory_mb=64, runtime=SleepRuntime(dura
         ({"tasks": 257}, "tasks must be between 1 and 256, got 257"),
         ({"spread": True}, "spread"),
         ({"tasks": 2, "array": ArrayRange(first_index=1, last_index=2)}, "cannot be combined with array"),
+        ({"tasks": 2, "resources": {"gpu": 1}}, "cannot be combined with resources"),
     ],
 )
 def test_bad_gangs_are_refused_naming_field_value_and_limit(changes: dict[str, object], message: str) -> None:
-    """A gang of no task, of more than MAX_GANG_TASKS, spread without tasks or an array gang is refused."""
+    """A gang of no task, of more than MAX_GANG_TASKS, spread without tasks, an array gang or a
+    gang asking devices (not given to gangs yet) is refused."""
     with pytest.raises(InvalidArgument, match=message):
         attrs.evolve(SPEC, **changes).check()
 
