@@ -10,9 +10,9 @@ from __future__ import annotations
 FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE"
 
 GANG_PORT_FIRST = 42000
-"""The first port of the range the leader gives gang tasks on every worker (docs/gangs.md)."""
+"""The first port of the range the leader gives gang tasks on every host (docs/gangs.md)."""
 GANG_PORT_COUNT = 1000
-"""How many ports the range holds: most gang tasks active on one worker at once."""
+"""How many ports the range holds: most gang tasks active on one host at once."""
 
 # A gang task's seat in its gang (docs/gangs.md), for a LATERAL join on its job ``j``: the gang's
 # id, size, the task's rank and its active assignment's port, and every task's host:port by rank
@@ -29,6 +29,11 @@ SELECT j.gang_id, j.gang_rank, g.size AS gang_size,
   FROM gangs g WHERE g.id = j.gang_id
 """
 
+HOST_OF = r"regexp_replace({address}, ':[0-9]+$', '')"
+"""A worker's host from its address (``host:port``, ``[v6]:port``), in SQL: a gang's ports are
+chosen per host, not per worker, so that tasks on workers sharing a host (a fleet, a local
+cluster) get different ports and can all listen (docs/gangs.md)."""
+
 # One round's placements as one fenced statement: the fence, the claim, the assignments and
 # the pending reasons commit together in one round trip (the statement is its own transaction).
 # $1 job ids, $2 worker ids, $3 incarnations, $4 epoch, $5 fenced (always true but in the
@@ -44,8 +49,8 @@ SELECT j.gang_id, j.gang_rank, g.size AS gang_size,
 # takes them), so that what ``gang_whole`` finds (every task of the gang among the placements,
 # pending, on an open worker, with a free port) still holds when ``claimed`` claims them. Each
 # task gets the lowest port of the gang port range (GANG_PORT_FIRST, GANG_PORT_COUNT) free on its
-# worker (no active assignment there holds it; ports of one statement by task id), and every
-# assignment of the gang the gang's new attempt.
+# worker's host (no active assignment on a worker of that host holds it: HOST_OF; ports of one
+# statement by task id), and every assignment of the gang the gang's new attempt.
 #
 # The share lock on the lease row is taken before any row is written: every written row comes
 # from ``p`` or ``r``, which read ``allowed``, which reads ``fence``. Under READ COMMITTED a
@@ -112,11 +117,13 @@ gang_ported AS (
              WHERE port <> ALL (r.used)
              ORDER BY port OFFSET r.k - 1 LIMIT 1) AS port
       FROM (SELECT t.id, t.gang_id, t.state, p.worker_id, p.incarnation,
-                   row_number() OVER (PARTITION BY p.worker_id ORDER BY t.id) AS k,
-                   coalesce((SELECT array_agg(a.gang_port) FROM assignments a
-                              WHERE a.worker_id = p.worker_id AND a.state = 'active'
+                   row_number() OVER (PARTITION BY h.host ORDER BY t.id) AS k,
+                   coalesce((SELECT array_agg(a.gang_port) FROM assignments a JOIN workers o ON o.id = a.worker_id
+                              WHERE {HOST_OF.format(address="o.address")} = h.host AND a.state = 'active'
                                 AND a.gang_port IS NOT NULL), '{{}}') AS used
-              FROM gang_tasks t JOIN p ON p.job_id = t.id) r
+              FROM gang_tasks t JOIN p ON p.job_id = t.id
+              JOIN workers w ON w.id = p.worker_id
+             CROSS JOIN LATERAL (SELECT {HOST_OF.format(address="w.address")} AS host) h) r
 ),
 gang_whole AS (
     UPDATE gangs g SET attempts = g.attempts + 1

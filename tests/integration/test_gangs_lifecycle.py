@@ -356,3 +356,26 @@ async def test_two_gangs_on_one_worker_never_share_a_port(cluster: Cluster) -> N
         "SELECT gang_port FROM assignments WHERE state = 'active' AND worker_id = 'w-1' ORDER BY job_id"
     )
     assert [r["gang_port"] for r in rows] == [42000, 42001, 42002, 42003]
+
+
+async def test_a_spread_gang_on_workers_of_one_host_gets_a_port_per_task(cluster: Cluster) -> None:
+    """Workers sharing a host (a fleet, a local cluster) give a spread gang's tasks different
+    ports, and its peers' host:port are all different; a worker on another host starts at the
+    range's first port again."""
+    one = await cluster.register("w-1", "127.0.0.1:9001")
+    two = await cluster.register("w-2", "127.0.0.1:9002")
+    three = await cluster.register("w-3", "10.0.0.3:9000")
+    tasks = await cluster.submit_gang(3, spread=True)
+    await cluster.place([(tasks[0], "w-1", one), (tasks[1], "w-2", two), (tasks[2], "w-3", three)])
+    rows = await cluster.admin.fetch(
+        "SELECT worker_id, gang_port FROM assignments WHERE state = 'active' ORDER BY job_id"
+    )
+    assert [(r["worker_id"], r["gang_port"]) for r in rows] == [
+        ("w-1", 42000),
+        ("w-2", 42001),
+        ("w-3", 42000),
+    ]
+    peers = await cluster.admin.fetchval(
+        f"SELECT s.gang_peers FROM jobs j, LATERAL ({queries.GANG_SEAT}) s WHERE j.id = $1", tasks[0]
+    )
+    assert peers == ["127.0.0.1:42000", "127.0.0.1:42001", "10.0.0.3:42000"]
