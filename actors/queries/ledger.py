@@ -118,7 +118,8 @@ gang_ported AS (
              ORDER BY port OFFSET r.k - 1 LIMIT 1) AS port
       FROM (SELECT t.id, t.gang_id, t.state, p.worker_id, p.incarnation,
                    row_number() OVER (PARTITION BY h.host ORDER BY t.id) AS k,
-                   coalesce((SELECT array_agg(a.gang_port) FROM assignments a JOIN workers o ON o.id = a.worker_id
+                   coalesce((SELECT array_agg(a.gang_port)
+                               FROM assignments a JOIN workers o ON o.id = a.worker_id
                               WHERE {HOST_OF.format(address="o.address")} = h.host AND a.state = 'active'
                                 AND a.gang_port IS NOT NULL), '{{}}') AS used
               FROM gang_tasks t JOIN p ON p.job_id = t.id
