@@ -17,10 +17,15 @@ GANG_PORT_COUNT = 1000
 # A gang task's seat in its gang (docs/gangs.md), for a LATERAL join on its job ``j``: the gang's
 # id, size, the task's rank and its active assignment's port, and every task's host:port by rank
 # (the host of its worker's address) for the gang's newest attempt.
-GANG_SEAT = """
+HOST_OF = r"regexp_replace({address}, ':[0-9]+$', '')"
+"""A worker's host from its address (``host:port``, ``[v6]:port``), in SQL: a gang's peers are
+named by it, and its ports are chosen per host, not per worker, so that tasks on workers sharing a
+host (a fleet, a local cluster) get different ports and can all listen (docs/gangs.md)."""
+
+GANG_SEAT = f"""
 SELECT j.gang_id, j.gang_rank, g.size AS gang_size,
        (SELECT a.gang_port FROM assignments a WHERE a.job_id = j.id AND a.state = 'active') AS gang_port,
-       (SELECT array_agg(regexp_replace(w.address, ':[0-9]+$', '') || ':' || a.gang_port
+       (SELECT array_agg({HOST_OF.format(address="w.address")} || ':' || a.gang_port
                          ORDER BY t.gang_rank)
           FROM jobs t
           JOIN assignments a ON a.job_id = t.id AND a.gang_attempt = g.attempts
@@ -28,11 +33,6 @@ SELECT j.gang_id, j.gang_rank, g.size AS gang_size,
          WHERE t.gang_id = g.id AND a.state = 'active') AS gang_peers
   FROM gangs g WHERE g.id = j.gang_id
 """
-
-HOST_OF = r"regexp_replace({address}, ':[0-9]+$', '')"
-"""A worker's host from its address (``host:port``, ``[v6]:port``), in SQL: a gang's ports are
-chosen per host, not per worker, so that tasks on workers sharing a host (a fleet, a local
-cluster) get different ports and can all listen (docs/gangs.md)."""
 
 # One round's placements as one fenced statement: the fence, the claim, the assignments and
 # the pending reasons commit together in one round trip (the statement is its own transaction).

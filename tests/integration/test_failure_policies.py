@@ -14,55 +14,22 @@ import attrs
 import pytest
 import trio
 from serving import ingest_and_leader
+from test_retries import Cluster as RetriesCluster
 
 from actors import queries
 from ops import checker
 from ops.invariants import wrong_final_states
 from protocol import pb
 from runtime.aio import PgConnection
-from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument
-from runtime.jobs import ArrayRange, CommandRuntime, JobSpec
-from runtime.wire_jobs import job_spec_to_pb
+from runtime.jobs import ArrayRange
 
 EPOCH = 1
 
 
 @attrs.frozen
-class Cluster:
-    cp: ControlPlaneClient
-    admin: PgConnection
-
-    async def register(self, worker_id: str = "w-1") -> int:
-        reply = await self.cp.call(
-            "register_worker",
-            pb.RegisterWorkerRequest(
-                worker_id=worker_id, address="127.0.0.1:9", cpu_millis=4000, memory_mb=4096
-            ),
-        )
-        incarnation = int(reply.incarnation)
-        await self.heartbeat(worker_id, incarnation)
-        return incarnation
-
-    async def heartbeat(self, worker_id: str, incarnation: int, *finished: pb.JobOutcome) -> None:
-        await self.cp.call(
-            "heartbeat",
-            pb.HeartbeatRequest(worker_id=worker_id, incarnation=incarnation, finished=list(finished)),
-        )
-
-    async def submit(self, **lifecycle: Any) -> int:
-        spec = JobSpec(
-            name="t", cpu_millis=100, memory_mb=16, runtime=CommandRuntime(argv=("false",)), **lifecycle
-        )
-        reply = await self.cp.call("submit_job", pb.SubmitJobRequest(spec=job_spec_to_pb(spec.check())))
-        return int(reply.job_id)
-
-    async def place(self, job_id: int, worker_id: str, incarnation: int) -> int:
-        rows = await self.admin.fetch(
-            queries.COMMIT_PLACEMENTS, [job_id], [worker_id], [incarnation], EPOCH, True, [], [], [], [], []
-        )
-        assert rows[0]["assignment_id"] is not None
-        return int(rows[0]["assignment_id"])
+class Cluster(RetriesCluster):
+    """test_retries' cluster (register, heartbeat, submit, place), reading what a policy changes."""
 
     async def job(self, job_id: int) -> dict[str, Any]:
         row = await self.admin.fetchrow(
