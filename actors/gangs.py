@@ -10,8 +10,10 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 import numpy as np
 
-from actors.pending_queue import PendingJob
+from actors.pending_queue import PendingJob, PendingQueue
+from actors.quotas import AccountQuota
 from actors.rooms import WorkerRoom
+from runtime.accounts import quota_reason
 from runtime.constraints import satisfied
 
 
@@ -255,6 +257,7 @@ def place_gangs(
     reserve_after_s: float = 0.0,
     blocked: Iterable[str] = (),
     max_placements: int | None = None,
+    quotas: Mapping[str, AccountQuota] | None = None,
 ) -> GangPlan:
     """Place whole gangs on the free room of ``rooms``, in the given order (priority, then gang
     id): a gang is placed only when all of its tasks fit at once, each task by best fit (the
@@ -265,6 +268,9 @@ def place_gangs(
     free for the round (at most ``max_reservations`` gangs), so that single jobs do not take the
     room it waits for (:attr:`GangPlan.reserved`). ``blocked``: workers that take nothing. At
     most ``max_placements`` tasks are placed in all (None: no limit); a gang past it waits whole.
+    A gang whose account (``quotas``: the capped accounts by name) would pass a cap with all of
+    its tasks, on top of its use and the gangs placed before it, waits with the quota's reason
+    (docs/quotas.md) and reserves nothing.
 
     Never more than a room holds, never a partial gang, never two tasks of a spread gang on one
     worker (tests/unit/test_gangs_placement.py, hypothesis).
@@ -295,6 +301,7 @@ def place_gangs(
     never_of: dict[tuple[object, ...], str | None] = {}
     fits_of: dict[tuple[object, ...], int] = {}
     changes = 0
+    taken: dict[str, tuple[int, int]] = {}
     for gang in gangs:
         if gang.not_before > now:
             continue
@@ -312,6 +319,10 @@ def place_gangs(
         never = never_of[shape]
         if never is not None:
             tell(gang, never)
+            continue
+        over = _over_quota(gang, (quotas or {}).get(job.owner), taken.get(job.owner, (0, 0)))
+        if over is not None:
+            tell(gang, over)
             continue
         allowed = eligible & open_
         # Tasks of one size: best fit one by one succeeds exactly when the free rooms hold them
@@ -351,6 +362,8 @@ def place_gangs(
             free_cpu, free_mem, left = try_cpu, try_mem, try_left
             changes += 1
             placements.extend((t, names[k]) for t, k in zip(gang.task_ids, chosen, strict=True))
+            had = taken.get(job.owner, (0, 0))
+            taken[job.owner] = (had[0] + gang.size * cpu, had[1] + gang.size * mem)
             continue
         tell(gang, waiting_reason(gang))
     return GangPlan(placements=tuple(placements), reasons=tuple(reasons), reserved=reserved)
@@ -382,3 +395,83 @@ def _reserve(
         kept.append(k)
         total += int(holds[k])
     return kept if total >= gang.size else []
+
+
+def _over_quota(gang: PendingGang, quota: AccountQuota | None, taken: tuple[int, int]) -> str | None:
+    """The quota reason of ``gang`` when all of its tasks would take its account past a cap
+    (``quota``; None: uncapped), on top of its use and ``taken`` (cpu_millis, memory_mb) by the
+    gangs placed before it this round; None when they fit."""
+    if quota is None:
+        return None
+    for field, cap, used, size in (
+        ("cpu_millis", quota.cpu_millis, quota.used_cpu_millis + taken[0], gang.job.cpu_millis),
+        ("memory_mb", quota.memory_mb, quota.used_memory_mb + taken[1], gang.job.memory_mb),
+    ):
+        if cap is not None and used + gang.size * size > cap:
+            return quota_reason(gang.job.owner, field, used, cap)
+    return None
+
+
+def gangs_by_priority(
+    gangs: Sequence[PendingGang], queue: PendingQueue, now: float
+) -> tuple[list[PendingGang], list[PendingGang]]:
+    """``gangs`` split into those a round places before the queue's jobs (priority at least the
+    highest of the queue's jobs past their backoff at ``now``) and those it places after them,
+    each in the order given. With equal priorities a gang goes first: it needs all of its room
+    at once, which single jobs would otherwise keep taking."""
+    eligible = queue.prio[queue.not_before <= now]
+    if not eligible.size:
+        return list(gangs), []
+    top = int(eligible.max())
+    return [g for g in gangs if g.job.priority >= top], [g for g in gangs if g.job.priority < top]
+
+
+def gang_rooms(rooms: Sequence[WorkerRoom], members: Iterable[str]) -> list[WorkerRoom]:
+    """``rooms`` as gangs may use them: a worker of ``members`` (out of trial and healthy) whose
+    send window is open takes as many of a round's gang tasks as fit its free room, however
+    little of the window is left; any other takes none. A gang (at most MAX_GANG_TASKS tasks)
+    larger than what the windows let one round place would otherwise wait forever, and a worker
+    on trial or on probation is not given a gang whose one failure breaks all of its tasks."""
+    full = set(members)
+    return [
+        attrs.evolve(
+            room,
+            placement_limit=None
+            if room.worker_id in full and (room.placement_limit is None or room.placement_limit > 0)
+            else 0,
+        )
+        for room in rooms
+    ]
+
+
+def task_sizes(gangs: Iterable[PendingGang]) -> dict[int, tuple[int, int]]:
+    """Each task of ``gangs``: job_id -> (cpu_millis, memory_mb)."""
+    return {t: (g.job.cpu_millis, g.job.memory_mb) for g in gangs for t in g.task_ids}
+
+
+def quotas_after(
+    quotas: Mapping[str, AccountQuota] | None, placed: Iterable[tuple[str, int, int]]
+) -> Mapping[str, AccountQuota] | None:
+    """``quotas`` with what a round placed so far counted as used: ``placed`` is (account,
+    cpu_millis, memory_mb) per placement; accounts without a quota stay uncapped."""
+    if not quotas:
+        return quotas
+    used = {name: [q.used_cpu_millis, q.used_memory_mb] for name, q in quotas.items()}
+    for owner, cpu, mem in placed:
+        if owner in used:
+            used[owner][0] += cpu
+            used[owner][1] += mem
+    return {
+        name: attrs.evolve(q, used_cpu_millis=used[name][0], used_memory_mb=used[name][1])
+        for name, q in quotas.items()
+    }
+
+
+def joined(first: GangPlan, then: GangPlan) -> GangPlan:
+    """Two gang plans of one round as one: ``first``'s placements, reasons and reservations,
+    then ``then``'s."""
+    return GangPlan(
+        placements=first.placements + then.placements,
+        reasons=first.reasons + then.reasons,
+        reserved={**first.reserved, **then.reserved},
+    )

@@ -14,7 +14,16 @@ import attrs
 import numpy as np
 
 from actors.fair_share import AccountShare
-from actors.gangs import GangPlan, PendingGang, place_gangs
+from actors.gangs import (
+    GangPlan,
+    PendingGang,
+    gang_rooms,
+    gangs_by_priority,
+    joined,
+    place_gangs,
+    quotas_after,
+    task_sizes,
+)
 from actors.messages import CommittedAssignment, Dispatch, Placement, WorkerRef
 from actors.pending_queue import PendingQueue
 from actors.placement import Plan, Unschedulable, in_one_go, place_queue_steps
@@ -160,8 +169,11 @@ def plan_round_steps(
             take its account past a cap waits (:func:`actors.placement.place_queue_steps`).
         shares: fair share's accounts (weights and use, by name); None: queue order.
         held: worker_id -> the job it is kept for alone (a preemption's freed room).
-        gangs: the gangs whose tasks are all pending, by priority then id: placed whole before
-            the queue's jobs, on the rooms the round has (:func:`actors.gangs.place_gangs`);
+        gangs: the gangs whose tasks are all pending, by priority then id, each placed whole
+            (:func:`actors.gangs.place_gangs`): those of at least the queue's top priority
+            before the queue's jobs, the others on what the queue's jobs leave
+            (:func:`actors.gangs.gangs_by_priority`); a worker takes gang tasks while its send
+            window is open (:func:`actors.gangs.gang_rooms`); gangs count against ``quotas``;
             the workers a waiting gang reserves take no job of the queue this round.
 
     Raises:
@@ -212,27 +224,36 @@ def plan_round_steps(
     if fingerprint == idle_fingerprint:
         return RoundPlan(outcome="unchanged", fingerprint=fingerprint, backing_off=backing_off)
     by_id = {w.ref.worker_id: w.ref for w in workers}
+    row_budget = min(settings.max_placements_per_round, max_rows)
+    # Gangs of at least the queue's top priority go before its jobs; the others after them, on
+    # what they leave (docs/gangs.md, "Priority"). Gangs are bounded per worker by whether its
+    # send window is open, not by how much of it is left (gang_rooms).
+    first, after = gangs_by_priority(gangs, queue, now)
+    members = {w.ref.worker_id for w in workers if not w.trial and not w.unhealthy}
     gang_plan = GangPlan()
-    if gangs:
+    if first:
         gang_plan = place_gangs(
-            gangs,
-            rooms,
+            first,
+            gang_rooms(rooms, members),
             now=now,
             max_reservations=settings.max_reservations,
             reserve_after_s=settings.reserve_after_s,
             blocked=(held or {}).keys(),
-            max_placements=min(settings.max_placements_per_round, max_rows),
+            max_placements=row_budget,
+            quotas=quotas,
         )
-        gang_sizes = {t: (g.job.cpu_millis, g.job.memory_mb) for g in gangs for t in g.task_ids}
-        rooms = gang_plan.rooms_left(rooms, gang_sizes)
-        first_task = {g.gang_id: g.task_ids[0] for g in gangs}
+        sizes = task_sizes(first)
+        rooms = gang_plan.rooms_left(rooms, sizes)
+        owner = {t: g.job.owner for g in first for t in g.task_ids}
+        quotas = quotas_after(quotas, ((owner[t], *sizes[t]) for t, _ in gang_plan.placements))
+        first_task = {g.gang_id: g.task_ids[0] for g in first}
         held = {**(held or {}), **{w: first_task[g] for w, g in gang_plan.reserved.items()}}
         yield
     plan: Plan = yield from place_queue_steps(
         queue,
         rooms,
         policy=settings.policy,
-        max_placements=min(settings.max_placements_per_round, max_rows) - len(gang_plan.placements),
+        max_placements=row_budget - len(gang_plan.placements),
         max_reservations=settings.max_reservations,
         reserve_after_s=settings.reserve_after_s,
         now=now,
@@ -241,6 +262,17 @@ def plan_round_steps(
         shares=shares,
         held=held or None,
     )
+    if after:
+        rooms = GangPlan(placements=plan.placements).rooms_left(rooms, plan.sizes)
+        later = place_gangs(
+            after,
+            gang_rooms(rooms, members),
+            now=now,
+            blocked=(held or {}).keys(),
+            max_placements=row_budget - len(gang_plan.placements) - len(plan.placements),
+            quotas=quotas and quotas_after(quotas, _owned(queue, plan)),
+        )
+        gang_plan = joined(gang_plan, later)
     placed = dict(plan.placements)
     unschedulable = plan.unschedulable
     said = {k: not_counting_cordoned(r, cordoned, unhealthy) for k, r in unschedulable.by_shape.items()}
@@ -295,6 +327,14 @@ def plan_round_steps(
         reservations=tuple(sorted({*plan.reservations.values(), *gang_plan_reserving(gang_plan, gangs)})),
         workers=by_id,
     )
+
+
+def _owned(queue: PendingQueue, plan: Plan) -> list[tuple[str, int, int]]:
+    """(account, cpu_millis, memory_mb) of each job ``plan`` placed from ``queue``."""
+    if not plan.placements:
+        return []
+    owner = dict(zip(queue.ids.tolist(), queue.owner.tolist(), strict=True))
+    return [(queue.owners[owner[job_id]], *plan.sizes[job_id]) for job_id, _ in plan.placements]
 
 
 def _gang_placements(

@@ -4,6 +4,7 @@ what it leaves, and the workers a waiting gang reserves take no single job."""
 
 from __future__ import annotations
 
+import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from properties import examples
@@ -12,6 +13,7 @@ from actors.gangs import GangQueue, GangTask
 from actors.messages import WorkerRef
 from actors.pending_queue import PendingJob, PendingQueue
 from actors.placer_store import LiveWorker
+from actors.quotas import AccountQuota
 from actors.rooms import WorkerRoom
 from actors.round_plan import plan_round
 from runtime.settings.leader import PlacerSettings
@@ -19,21 +21,28 @@ from runtime.settings.leader import PlacerSettings
 NOW = 100.0
 
 
-def _worker(index: int, cpu: int, allocated: int = 0) -> LiveWorker:
+def _worker(
+    index: int, cpu: int, allocated: int = 0, *, confirmed: int = 50, trial: bool = False
+) -> LiveWorker:
     worker_id = f"w-{index}"
     return LiveWorker(
         ref=WorkerRef(worker_id=worker_id, address=f"10.0.0.{index}:1", incarnation=10 + index),
         room=WorkerRoom(worker_id=worker_id, cpu_millis=cpu, memory_mb=8192, cpu_allocated_millis=allocated),
-        confirmed=50,
+        confirmed=confirmed,
+        trial=trial,
     )
 
 
-def _gangs(gang_id: int, size: int, cpu: int, *, spread: bool = False) -> GangQueue:
+def _gangs(
+    gang_id: int, size: int, cpu: int, *, spread: bool = False, priority: int = 0, owner: str = ""
+) -> GangQueue:
     queue = GangQueue()
     queue.add(
         [
             (
-                PendingJob(job_id=gang_id + rank, cpu_millis=cpu, memory_mb=64),
+                PendingJob(
+                    job_id=gang_id + rank, cpu_millis=cpu, memory_mb=64, priority=priority, owner=owner
+                ),
                 GangTask(gang_id=gang_id, rank=rank, size=size, spread=spread),
                 "",
             )
@@ -45,9 +54,14 @@ def _gangs(gang_id: int, size: int, cpu: int, *, spread: bool = False) -> GangQu
     return queue
 
 
-def _singles(*sizes: int) -> PendingQueue:
+def _singles(*sizes: int, priority: int = 0, owner: str = "") -> PendingQueue:
     queue = PendingQueue()
-    queue.replace([PendingJob(job_id=1 + k, cpu_millis=cpu, memory_mb=64) for k, cpu in enumerate(sizes)])
+    queue.replace(
+        [
+            PendingJob(job_id=1 + k, cpu_millis=cpu, memory_mb=64, priority=priority, owner=owner)
+            for k, cpu in enumerate(sizes)
+        ]
+    )
     return queue
 
 
@@ -120,3 +134,97 @@ def test_a_round_never_carries_more_placements_than_its_rows() -> None:
     )
     assert len(plan.placements) <= 6
     assert {p.job_id for p in plan.placements if p.job_id >= 100} == {100, 101, 102, 103}
+
+
+def test_a_gang_larger_than_the_send_windows_is_placed_whole() -> None:
+    """Two fresh workers whose send windows allow 2 placements each in a round still take a
+    gang of 10 small tasks at once: a gang is bounded by the workers' free room, not by what is
+    left of their windows (else it would wait forever)."""
+    workers = [_worker(i, 16000, confirmed=0) for i in (1, 2)]
+    settings_ = PlacerSettings(initial_window=2, max_unconfirmed_per_worker=4)
+    plan = plan_round(
+        _singles(), workers, settings_, max_rows=100, now=NOW, gangs=_gangs(100, 10, 1000).whole()
+    )
+    assert sorted(p.job_id for p in plan.placements) == list(range(100, 110))
+
+
+def test_a_gang_takes_no_worker_whose_send_window_is_closed_or_that_is_on_trial() -> None:
+    """A worker whose window is used up (unconfirmed assignments) or that is on trial takes no
+    task of a gang; the others do."""
+    closed = attrs.evolve(_worker(1, 16000, confirmed=0), unconfirmed=16)
+    trial = _worker(2, 16000, trial=True)
+    workers = [closed, trial, _worker(3, 4000)]
+    plan = plan_round(
+        _singles(), workers, PlacerSettings(), max_rows=100, now=NOW, gangs=_gangs(100, 4, 1000).whole()
+    )
+    assert {p.worker_id for p in plan.placements} == {"w-3"}
+
+
+def test_a_single_job_of_higher_priority_goes_before_a_gang() -> None:
+    """Room for 4000 cpu_millis: a priority 5 job of 2000 is placed, and the priority 0 gang of
+    two tasks of 2000 that would have filled the worker waits whole."""
+    plan = plan_round(
+        _singles(2000, priority=5),
+        [_worker(1, 4000)],
+        PlacerSettings(),
+        max_rows=100,
+        now=NOW,
+        gangs=_gangs(100, 2, 2000).whole(),
+    )
+    assert [p.job_id for p in plan.placements] == [1]
+    assert {job_id for job_id, reason in plan.reasons if reason.startswith("gang: waiting")} == {100, 101}
+
+
+def test_a_gang_of_higher_or_equal_priority_goes_before_the_single_jobs() -> None:
+    for single in (0, 5):
+        plan = plan_round(
+            _singles(2000, priority=single),
+            [_worker(1, 4000)],
+            PlacerSettings(),
+            max_rows=100,
+            now=NOW,
+            gangs=_gangs(100, 2, 2000, priority=5).whole(),
+        )
+        assert sorted(p.job_id for p in plan.placements) == [100, 101]
+
+
+def test_a_gang_after_the_single_jobs_gets_what_they_leave() -> None:
+    """A priority 0 gang behind a priority 5 job is placed on the room the job left."""
+    plan = plan_round(
+        _singles(1000, priority=5),
+        [_worker(1, 4000)],
+        PlacerSettings(),
+        max_rows=100,
+        now=NOW,
+        gangs=_gangs(100, 3, 1000).whole(),
+    )
+    assert sorted(p.job_id for p in plan.placements) == [1, 100, 101, 102]
+
+
+def test_a_gang_over_its_accounts_quota_waits_saying_so_and_counts_once_placed() -> None:
+    """alice may hold 4000 cpu_millis and holds 1000: her gang of 4 x 1000 waits with the
+    quota's reason; a gang of 3 x 1000 is placed, and then her single job waits for the quota."""
+    quotas = {"alice": AccountQuota(cpu_millis=4000, used_cpu_millis=1000)}
+    workers = [_worker(1, 16000)]
+    big = plan_round(
+        _singles(),
+        workers,
+        PlacerSettings(),
+        max_rows=100,
+        now=NOW,
+        quotas=quotas,
+        gangs=_gangs(100, 4, 1000, owner="alice").whole(),
+    )
+    assert not big.placements
+    assert dict(big.reasons)[100] == "quota: alice uses 1000 of 4000 cpu_millis"
+    fits = plan_round(
+        _singles(500, owner="alice"),
+        workers,
+        PlacerSettings(),
+        max_rows=100,
+        now=NOW,
+        quotas=quotas,
+        gangs=_gangs(100, 3, 1000, owner="alice").whole(),
+    )
+    assert sorted(p.job_id for p in fits.placements) == [100, 101, 102]
+    assert dict(fits.reasons)[1].startswith("quota: alice uses 4000 of 4000 cpu_millis")
