@@ -273,7 +273,7 @@ class RunningJobs:
                 runtime,
                 job,
                 job_dir,
-                job_env={**dict(order.spec.env), **job_environment(order)},
+                job_env={**dict(order.spec.env), **job_environment(order, self.settings.resources)},
                 on_started=(lambda: None) if ticket is None else ticket.release,
                 **options,
             )

@@ -38,6 +38,16 @@ def test_a_jobs_environment_names_its_units() -> None:
     assert not any(k.startswith("STOCKADE_RESOURCE_") or k == "CUDA_VISIBLE_DEVICES" for k in plain)
 
 
+def test_a_job_holding_no_gpu_on_a_gpu_worker_sees_none() -> None:
+    """On a worker offering gpu units a job holding none gets CUDA_VISIBLE_DEVICES empty (CUDA
+    then shows it no device); one holding some gets exactly those; on a worker offering only
+    other devices the variable stays unset."""
+    assert job_environment(order(1), offered=("gpu", "fpga"))["CUDA_VISIBLE_DEVICES"] == ""
+    held = job_environment(order(2, (("gpu", ("1",)),)), offered=("gpu",))
+    assert held["CUDA_VISIBLE_DEVICES"] == "1"
+    assert "CUDA_VISIBLE_DEVICES" not in job_environment(order(3), offered=("fpga",))
+
+
 def admitted() -> Admission:
     admission = Admission(worker_id="w-1", cpu_capacity_millis=4000, memory_capacity_mb=8192)
     admission.registered(7, 3)
