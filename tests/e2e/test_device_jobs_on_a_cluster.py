@@ -23,7 +23,8 @@ pytestmark = pytest.mark.e2e
 
 def test_jobs_get_distinct_units_named_in_their_environment(tmp_path: Path, database_url: str) -> None:
     """Two jobs asking 2 gpu each on a worker of 4 run at once on distinct units, each seeing
-    STOCKADE_RESOURCE_GPU and CUDA_VISIBLE_DEVICES with its own ids; a job asking 1 tpu stays
+    STOCKADE_RESOURCE_GPU and CUDA_VISIBLE_DEVICES with its own ids, and one asking none sees
+    CUDA_VISIBLE_DEVICES empty; a job asking 1 tpu stays
     pending with the reason that no worker offers tpu; the checker finds no unit held twice."""
     cluster = LocalCluster(
         tmp_path / "state", database_url=database_url, agent_args=("--resource", "gpu=0,1,2,3")
@@ -40,6 +41,11 @@ def test_jobs_get_distinct_units_named_in_their_environment(tmp_path: Path, data
             )  # fmt: skip
             assert submitted.returncode == 0, submitted.stderr
             ids.append(submitted.stdout.strip())
+        plain = stockade(
+            config, "submit", "--cpu-millis", "100", "--memory-mb", "32", "--",
+            "sh", "-c", 'echo "[${CUDA_VISIBLE_DEVICES-unset}]"',
+        )  # fmt: skip
+        assert plain.returncode == 0, plain.stderr
         waiting = stockade(
             config, "submit", "--cpu-millis", "100", "--memory-mb", "32", "--resource", "tpu=1", "--", "true"
         )
@@ -51,13 +57,15 @@ def test_jobs_get_distinct_units_named_in_their_environment(tmp_path: Path, data
             return json.loads(shown.stdout)  # type: ignore[no-any-return]
 
         wait_for(
-            lambda: all(state(i)["status"]["state"] == "succeeded" for i in ids),  # type: ignore[index]
+            lambda: all(state(i)["status"]["state"] == "succeeded" for i in [*ids, plain.stdout.strip()]),  # type: ignore[index]
             timeout_s=60,
             what="the gpu jobs to succeed",
         )
         assert state(ids[0])["resources"] == {"gpu": 2}
         seen = [stockade(config, "logs", job_id).stdout.split() for job_id in ids]
         assert sorted(seen) == [["0,1", "0,1"], ["2,3", "2,3"]]
+        # A job asking no gpu on a gpu worker is shown no device.
+        assert stockade(config, "logs", plain.stdout.strip()).stdout.split() == ["[]"]
         pending = state(waiting.stdout.strip())["status"]
         assert pending["state"] == "pending"  # type: ignore[index]
         assert pending["reason"] == "unschedulable: needs 1 tpu, no worker offers tpu"  # type: ignore[index]
