@@ -19,6 +19,7 @@ from protocol.wire import Encoded
 from runtime import faults, log, metrics
 from runtime.aio import PgConnection, audit_params, rpc_caller, takes_encoded_request, visible_account
 from runtime.errors import Busy, DatabaseBusy, DuplicateKey, IdempotencyConflict, InvalidArgument, NotFound
+from runtime.jobs import JobSpec
 from runtime.tls import OPERATOR, USER
 from runtime.validation import check_idempotency_key, check_job_id, check_jobs_steps, check_list
 from runtime.wire_jobs import job_spec_from_pb
@@ -124,6 +125,8 @@ class JobHandlers(AdmittedService):
         digest = idempotency.request_digest("submit_job", [idempotency.job_item(job)])
         async with self.admitted("submit_job"):
             await self._refuse_when_queue_full("submit_job")
+            if job.tasks is not None:
+                await self._refuse_gang_beyond_cluster("submit_job", job.tasks, job.spread, job)
             done = await self._store_jobs(
                 "submit_job",
                 queries.SUBMIT_JOB,
@@ -148,6 +151,25 @@ class JobHandlers(AdmittedService):
         if not done.replayed:
             log.get("ingest").info("job submitted", job_id=job_id, name=job.name)
         return pb.SubmitJobReply(job_id=job_id)
+
+    async def _refuse_gang_beyond_cluster(
+        self, rpc: str, tasks: int, spread: bool, job: JobSpec, field: str = "tasks"
+    ) -> None:
+        """Refuse a gang of ``tasks`` tasks of ``job``'s size that the workers this cluster knows
+        could never hold at once (:func:`gang_beyond_cluster`); nothing is stored.
+
+        Raises:
+            InvalidArgument: naming ``field``, the gang's size and what the workers hold.
+        """
+        async with self.connection(rpc) as conn:
+            row = await conn.fetchrow(queries.GANG_ROOM, job.cpu_millis, job.memory_mb)
+        assert row is not None  # an aggregate has one row
+        refusal = gang_beyond_cluster(
+            field, tasks, spread, job.cpu_millis, job.memory_mb, known=row["known"], able=row["able"],
+            holds=row["holds"],
+        )  # fmt: skip
+        if refusal is not None:
+            raise refusal
 
     async def _store_jobs(
         self,
@@ -344,6 +366,44 @@ ENV_VALUE_READERS = (OPERATOR, USER)
 who may set them, and users, who set them and read only their own jobs. Every other reader gets
 each value as :data:`runtime.jobs.HIDDEN_ENV_VALUE` (they may be secrets); on a plaintext server
 (``--insecure``) everyone reads them."""
+
+
+def gang_beyond_cluster(
+    field: str,
+    tasks: int,
+    spread: bool,
+    cpu_millis: int,
+    memory_mb: int,
+    *,
+    known: int,
+    able: int,
+    holds: int,
+) -> InvalidArgument | None:
+    """The refusal of a gang of ``tasks`` tasks of ``cpu_millis`` and ``memory_mb`` that the
+    ``known`` workers (live or dead, not left) could never hold at once, even empty: with
+    ``spread`` more tasks than the ``able`` workers with room for one, else more than the
+    ``holds`` tasks they hold in all; None when they could, or when no worker is known yet (the
+    gang waits, as a job does before its workers register). As Slurm refuses a job no
+    configured node could ever run; constraints, containers and devices are judged by the
+    placer's pending reason."""
+    if known == 0:
+        return None
+    size = f"{cpu_millis} cpu_millis and {memory_mb} memory_mb"
+    if spread and tasks > able:
+        return InvalidArgument(
+            field,
+            tasks,
+            f"must be at most {able}: a spread gang needs a worker per task with room for {size}, "
+            f"and {able} of the {known} workers this cluster knows have it",
+        )
+    if not spread and tasks > holds:
+        return InvalidArgument(
+            field,
+            tasks,
+            f"must be at most {holds}: the {known} workers this cluster knows hold {holds} tasks "
+            f"of {size} at once",
+        )
+    return None
 
 
 def reads_env_values() -> bool:

@@ -14,6 +14,7 @@ from actors.queries.database_watch import *  # noqa: F403
 from actors.queries.idempotent import AUDIT_PARAMS, once
 from actors.queries.ingest import *  # noqa: F403
 from actors.queries.jobs import (
+    GANG_ROOM,
     JobColumns,
     gang_seat_of,
     job_column_arrays,
@@ -32,6 +33,7 @@ from actors.queries.scheduler import *  # noqa: F403
 
 __all__ = [
     "AUDIT_PARAMS",
+    "GANG_ROOM",
     "JobColumns",
     "gang_seat_of",
     "job_column_arrays",

@@ -274,3 +274,16 @@ def job_spec_of_template(template: str | Mapping[str, Any]) -> JobSpec:
     row["env"] = json.dumps(row.get("env") or {})
     row["resources"] = json.dumps(row.get("resources") or {})
     return job_spec_of(row)
+
+
+GANG_ROOM = """
+SELECT count(*) AS known,
+       count(*) FILTER (WHERE cpu_millis >= $1 AND memory_mb >= $2) AS able,
+       coalesce(sum(LEAST(cpu_millis / $1, memory_mb / $2)), 0)::bigint AS holds
+  FROM workers
+ WHERE state <> 'left'
+"""
+"""What the workers this cluster knows (live or dead, not left: a dead one may come back) could
+hold of a gang's tasks of $1 cpu_millis and $2 memory_mb on empty workers: ``known`` workers,
+``able`` of them with room for one task, ``holds`` tasks at once in all. Read by a gang's
+submission (actors/ingest_jobs.py, ``gang_beyond_cluster``)."""

@@ -379,3 +379,26 @@ async def test_a_spread_gang_on_workers_of_one_host_gets_a_port_per_task(cluster
         f"SELECT s.gang_peers FROM jobs j, LATERAL ({queries.GANG_SEAT}) s WHERE j.id = $1", tasks[0]
     )
     assert peers == ["127.0.0.1:42000", "127.0.0.1:42001", "10.0.0.3:42000"]
+
+
+async def test_a_gang_no_known_worker_set_could_hold_is_refused_and_nothing_is_stored(
+    cluster: Cluster,
+) -> None:
+    """Two known workers of 4000 cpu_millis: a spread gang of 3 and a gang of 17 tasks of 500
+    are refused naming tasks, the value and the limit, and store nothing; a left worker is not
+    counted, a dead one is (it may come back); with no worker known yet, a gang waits."""
+    assert await cluster.submit_gang(3, spread=True)  # no worker known yet: stored, it waits
+    for worker in ("w-1", "w-2", "w-3"):
+        await cluster.register(worker, f"10.0.0.{worker[-1]}:1")
+    await cluster.admin.execute("UPDATE workers SET state = 'dead' WHERE id = 'w-2'")
+    await cluster.admin.execute("UPDATE workers SET state = 'left' WHERE id = 'w-3'")
+    before = await cluster.admin.fetchval("SELECT count(*) FROM jobs")
+    with pytest.raises(Exception, match=r"tasks must be at most 2: a spread gang needs a worker per task"):
+        await cluster.submit_gang(3, spread=True)
+    with pytest.raises(
+        Exception, match=r"tasks must be at most 16: the 2 workers this cluster knows hold 16"
+    ):
+        await cluster.submit_gang(17)
+    assert await cluster.admin.fetchval("SELECT count(*) FROM jobs") == before
+    assert len(await cluster.submit_gang(16)) == 16
+    assert len(await cluster.submit_gang(2, spread=True)) == 2
