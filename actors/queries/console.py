@@ -7,7 +7,7 @@ its index or a ``LIMIT``, so no page reads more than a few hundred rows.
 
 from __future__ import annotations
 
-from actors.queries.reads import GET_JOB, LOG_SOURCE
+from actors.queries.reads import GET_JOB, LOG_SOURCE, WORKER_DEVICES
 
 MAX_JOBS_LISTED = 200
 """Most jobs the jobs page lists (newest first)."""
@@ -50,7 +50,8 @@ SELECT epoch, holder, previous, coalesce(cause, '') AS cause,
  ORDER BY epoch DESC
 """
 
-_WORKER_COLUMNS = """
+_WORKER_COLUMNS = (
+    """
 SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation, w.labels::text AS labels,
        extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS heartbeat_age_s,
        extract(epoch FROM w.registered_at)::float8 AS registered_unix_s,
@@ -63,13 +64,9 @@ SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation, w.lab
        coalesce(sum(a.cpu_millis), 0)::bigint AS cpu_allocated_millis,
        coalesce(sum(a.memory_mb), 0)::bigint AS memory_allocated_mb,
        count(a.id)::bigint AS job_count,
-       CASE WHEN w.resources <> '{}'::jsonb THEN w.resources::text END AS resources,
-       CASE WHEN w.resources <> '{}'::jsonb THEN
-           (SELECT json_agg(json_build_array(u.resource, u.unit) ORDER BY u.resource, u.unit)::text
-              FROM assignment_units u WHERE u.worker_id = w.id AND u.active) END AS units_in_use
-  FROM workers w
-  LEFT JOIN assignments a ON a.worker_id = w.id AND a.state = 'active'
 """
+    + WORKER_DEVICES
+)
 
 # Every worker with what its active assignments hold (index assignments_active_by_worker).
 CONSOLE_WORKERS = _WORKER_COLUMNS + " GROUP BY w.id ORDER BY w.id"

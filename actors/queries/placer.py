@@ -11,16 +11,9 @@ SELECT id, address, incarnation, cpu_millis, memory_mb, cpu_allocated_millis, me
   FROM live_workers($1, $2)
 """
 
-# $1 limit. Every pending job (the placer's full resync; schema.sql, placeable_jobs, a gang's
-# task with its gang's id, its rank and the gang's size and spread: actors/gangs.py), highest
-# priority first, then submission order, as parallel arrays in one row (NULL when there are
-# none), with the snapshot the statement read in (pg_current_snapshot() is the statement's own),
-# as the placer's PendingMark needs it: xmax, the first transaction id not yet assigned, and xip,
-# the transactions in progress (xid8 values travel as bigint: they stay below 2^63).
-PENDING_JOBS = """
-SELECT p.*, pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xmax,
-       ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(snap.s) x) AS snapshot_xip
-  FROM (SELECT array_agg(id) AS p_id, array_agg(cpu_millis) AS p_cpu_millis,
+# A pending job's columns (schema.sql, placeable_jobs) as parallel arrays over ``ps``, the
+# rows read: PENDING_JOBS' and ROUND_READ's ``p`` columns, which the placer reads alike.
+_PENDING_ARRAYS = """array_agg(id) AS p_id, array_agg(cpu_millis) AS p_cpu_millis,
                array_agg(memory_mb) AS p_memory_mb, array_agg(priority) AS p_priority,
                array_agg(reason) AS p_reason, array_agg(pending_xid) AS p_pending_xid,
                array_agg(pending_seq) AS p_pending_seq, array_agg(wait_s) AS p_wait_s,
@@ -28,7 +21,18 @@ SELECT p.*, pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xmax,
                array_agg(failed_on) AS p_failed_on, array_agg(owner) AS p_owner,
                array_agg(resources) AS p_resources,
                array_agg(gang_id) AS p_gang_id, array_agg(gang_rank) AS p_gang_rank,
-               array_agg(gang_size) AS p_gang_size, array_agg(gang_spread) AS p_gang_spread
+               array_agg(gang_size) AS p_gang_size, array_agg(gang_spread) AS p_gang_spread"""
+
+# $1 limit. Every pending job (the placer's full resync; schema.sql, placeable_jobs, a gang's
+# task with its gang's id, its rank and the gang's size and spread: actors/gangs.py), highest
+# priority first, then submission order, as parallel arrays in one row (NULL when there are
+# none), with the snapshot the statement read in (pg_current_snapshot() is the statement's own),
+# as the placer's PendingMark needs it: xmax, the first transaction id not yet assigned, and xip,
+# the transactions in progress (xid8 values travel as bigint: they stay below 2^63).
+PENDING_JOBS = f"""
+SELECT p.*, pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xmax,
+       ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(snap.s) x) AS snapshot_xip
+  FROM (SELECT {_PENDING_ARRAYS}
           FROM (SELECT * FROM placeable_jobs ORDER BY priority DESC, id LIMIT $1) ps) p,
        (SELECT pg_current_snapshot() AS s) snap
 """
@@ -79,15 +83,7 @@ SELECT w.*, p.*, q.*, f.*, pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xm
                array_agg(w.probe_due) AS w_probe_due, array_agg(w.trial) AS w_trial,
                array_agg(w.resources) AS w_resources, array_agg(w.units_in_use) AS w_units_in_use
           FROM live_workers($1, $6) w) w,
-       (SELECT array_agg(id) AS p_id, array_agg(cpu_millis) AS p_cpu_millis,
-               array_agg(memory_mb) AS p_memory_mb, array_agg(priority) AS p_priority,
-               array_agg(reason) AS p_reason, array_agg(pending_xid) AS p_pending_xid,
-               array_agg(pending_seq) AS p_pending_seq, array_agg(wait_s) AS p_wait_s,
-               array_agg(container) AS p_container, array_agg(constraints) AS p_constraints,
-               array_agg(failed_on) AS p_failed_on, array_agg(owner) AS p_owner,
-               array_agg(resources) AS p_resources,
-               array_agg(gang_id) AS p_gang_id, array_agg(gang_rank) AS p_gang_rank,
-               array_agg(gang_size) AS p_gang_size, array_agg(gang_spread) AS p_gang_spread
+       (SELECT {_PENDING_ARRAYS}
           FROM ((SELECT * FROM placeable_jobs WHERE (pending_xid, pending_seq) > ($2, $3)
                   ORDER BY pending_xid, pending_seq LIMIT $4)
                 UNION ALL

@@ -215,7 +215,19 @@ SELECT id, address, extract(epoch FROM seen_at)::float8 AS seen_unix_s,
   FROM control_planes ORDER BY id
 """
 
-STATUS_WORKERS = """
+# A worker row's last columns, its devices (the units it offers and those its active
+# assignments hold, JSON text; NULL for a worker without any), and its join to its active
+# assignments (``a``): the end of STATUS_WORKERS and of the console's worker reads.
+WORKER_DEVICES = """CASE WHEN w.resources <> '{}'::jsonb THEN w.resources::text END AS resources,
+       CASE WHEN w.resources <> '{}'::jsonb THEN
+           (SELECT json_agg(json_build_array(u.resource, u.unit) ORDER BY u.resource, u.unit)::text
+              FROM assignment_units u WHERE u.worker_id = w.id AND u.active) END AS units_in_use
+  FROM workers w
+  LEFT JOIN assignments a ON a.worker_id = w.id AND a.state = 'active'
+"""
+
+STATUS_WORKERS = (
+    """
 SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation,
        extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS heartbeat_age_s,
        w.cordoned_at IS NOT NULL AS cordoned, w.drain_requested_at IS NOT NULL AS drain_requested,
@@ -226,14 +238,10 @@ SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation,
        coalesce(sum(a.memory_mb), 0)::bigint AS memory_allocated_mb,
        coalesce(array_agg(a.job_id ORDER BY a.job_id) FILTER (WHERE a.id IS NOT NULL), '{}')
            AS job_ids,
-       CASE WHEN w.resources <> '{}'::jsonb THEN w.resources::text END AS resources,
-       CASE WHEN w.resources <> '{}'::jsonb THEN
-           (SELECT json_agg(json_build_array(u.resource, u.unit) ORDER BY u.resource, u.unit)::text
-              FROM assignment_units u WHERE u.worker_id = w.id AND u.active) END AS units_in_use
-  FROM workers w
-  LEFT JOIN assignments a ON a.worker_id = w.id AND a.state = 'active'
- GROUP BY w.id ORDER BY w.id
 """
+    + WORKER_DEVICES
+    + " GROUP BY w.id ORDER BY w.id\n"
+)
 
 # The pending queue's length (the ingest's limit on submissions; index jobs_pending_by_xid).
 # The queue the ingest's limit counts (max_pending_jobs): pending jobs and waiting ones (each

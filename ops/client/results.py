@@ -480,18 +480,7 @@ def job_from_pb(message: pb.JobInfo) -> Job:
         array_index=int(message.array_index) if message.array_id else None,
         array_counts=tuple((c.state, int(c.count)) for c in message.array_counts),
         attempt_history=tuple(attempt_from_pb(a) for a in message.attempt_history),
-        gang=None
-        if message.gang is None
-        else JobGang(
-            gang_id=message.gang.gang_id,
-            rank=message.gang.rank,
-            size=message.gang.size,
-            spread=message.gang.spread,
-            state=message.gang.state,
-            attempts=message.gang.attempts,
-            failures=message.gang.failures,
-            detail=message.gang.detail,
-        ),
+        gang=None if message.gang is None else _from_pb(JobGang, message.gang),
     )
 
 

@@ -34,6 +34,7 @@ from ops.client.results import (
     Attempt,
     ClusterStatus,
     ControlPlane,
+    JobGang,
     Worker,
     WorkerSchedule,
     job_from_pb,
@@ -435,6 +436,16 @@ def test_a_job_reply_is_a_typed_job_with_none_where_the_wire_says_none() -> None
                 created_unix_s=1.5, ended_unix_s=2.5, detail=None, counted=True),
     )  # fmt: skip
     assert not job.ended
+
+
+def test_a_gang_tasks_reply_carries_its_gang_and_a_lone_jobs_none() -> None:
+    """A JobInfo's gang is a JobGang with every field of it; a job without one has None."""
+    gang = pb.JobGang(gang_id=7, rank=1, size=3, spread=True, state="live", attempts=2, failures=1,
+                      detail="task 9 lost")  # fmt: skip
+    assert job_from_pb(pb.JobInfo(job_id=9, state="running", gang=gang)).gang == JobGang(
+        gang_id=7, rank=1, size=3, spread=True, state="live", attempts=2, failures=1, detail="task 9 lost"
+    )
+    assert job_from_pb(pb.JobInfo(job_id=10, state="running")).gang is None
 
 
 def test_an_exit_code_of_zero_stays_zero() -> None:
