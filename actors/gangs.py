@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 import numpy as np
 
+from actors.fair_share import AccountShare, dominant_share
 from actors.pending_queue import PendingJob, PendingQueue
 from actors.quotas import AccountQuota
 from actors.rooms import WorkerRoom
@@ -475,3 +476,32 @@ def joined(first: GangPlan, then: GangPlan) -> GangPlan:
         reasons=first.reasons + then.reasons,
         reserved={**first.reserved, **then.reserved},
     )
+
+
+def gangs_in_fair_order(
+    gangs: Sequence[PendingGang],
+    shares: Mapping[str, AccountShare],
+    total_cpu_millis: float,
+    total_memory_mb: float,
+) -> list[PendingGang]:
+    """``gangs`` (by priority, then id) in fair share's order: by priority (high first), then by
+    key (low first), then as given. A gang's key is its account's weighted dominant share once
+    it and the account's gangs before it were placed, plus the account's decayed past share, as
+    :func:`actors.fair_share.fair_order` keys single jobs (docs/fair-share.md); an account absent
+    from ``shares`` has weight 1 and no use. Gangs of one account keep the order given."""
+    if len({g.job.owner for g in gangs}) < 2:
+        return list(gangs)
+    held: dict[str, tuple[float, float]] = {}
+    keyed = []
+    for position, gang in enumerate(gangs):
+        owner = gang.job.owner
+        share = shares.get(owner, AccountShare())
+        cpu, mem = held.get(owner, (share.used_cpu_millis, share.used_memory_mb))
+        cpu, mem = cpu + gang.size * gang.job.cpu_millis, mem + gang.size * gang.job.memory_mb
+        held[owner] = (cpu, mem)
+        past = dominant_share(
+            share.decayed_cpu_millis, share.decayed_memory_mb, total_cpu_millis, total_memory_mb
+        )
+        key = (dominant_share(cpu, mem, total_cpu_millis, total_memory_mb) + past) / share.weight
+        keyed.append((-gang.job.priority, key, position))
+    return [gangs[position] for *_, position in sorted(keyed)]

@@ -19,6 +19,7 @@ from actors.gangs import (
     PendingGang,
     gang_rooms,
     gangs_by_priority,
+    gangs_in_fair_order,
     joined,
     place_gangs,
     quotas_after,
@@ -173,7 +174,9 @@ def plan_round_steps(
             (:func:`actors.gangs.place_gangs`): those of at least the queue's top priority
             before the queue's jobs, the others on what the queue's jobs leave
             (:func:`actors.gangs.gangs_by_priority`); a worker takes gang tasks while its send
-            window is open (:func:`actors.gangs.gang_rooms`); gangs count against ``quotas``;
+            window is open (:func:`actors.gangs.gang_rooms`); gangs count against ``quotas``
+            and, with ``shares``, go in fair share's order within a priority
+            (:func:`actors.gangs.gangs_in_fair_order`);
             the workers a waiting gang reserves take no job of the queue this round.
 
     Raises:
@@ -228,6 +231,9 @@ def plan_round_steps(
     # Gangs of at least the queue's top priority go before its jobs; the others after them, on
     # what they leave (docs/gangs.md, "Priority"). Gangs are bounded per worker by whether its
     # send window is open, not by how much of it is left (gang_rooms).
+    if shares and gangs:
+        total_cpu = float(sum(r.cpu_millis for r in rooms))
+        gangs = gangs_in_fair_order(gangs, shares, total_cpu, float(sum(r.memory_mb for r in rooms)))
     first, after = gangs_by_priority(gangs, queue, now)
     members = {w.ref.worker_id for w in workers if not w.trial and not w.unhealthy}
     gang_plan = GangPlan()

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from properties import examples
 
+from actors.fair_share import AccountShare
 from actors.gangs import GangQueue, GangTask
 from actors.messages import WorkerRef
 from actors.pending_queue import PendingJob, PendingQueue
@@ -228,3 +229,30 @@ def test_a_gang_over_its_accounts_quota_waits_saying_so_and_counts_once_placed()
     )
     assert sorted(p.job_id for p in fits.placements) == [100, 101, 102]
     assert dict(fits.reasons)[1].startswith("quota: alice uses 4000 of 4000 cpu_millis")
+
+
+def test_with_fair_share_the_gang_of_the_account_furthest_below_its_share_goes_first() -> None:
+    """alice holds half the cluster, bob nothing: room for one of their two gangs, and bob's (the
+    later id) is placed; alone by id, alice's would have been."""
+    shares = {"alice": AccountShare(used_cpu_millis=8000), "bob": AccountShare()}
+    gangs = GangQueue()
+    for gang_id, owner in ((100, "alice"), (200, "bob")):
+        gangs.add(
+            [
+                (
+                    PendingJob(job_id=gang_id + rank, cpu_millis=2000, memory_mb=64, owner=owner),
+                    GangTask(gang_id=gang_id, rank=rank, size=2),
+                    "",
+                )
+                for rank in range(2)
+            ],
+            now=0.0,
+            not_before={},
+        )
+    workers = [_worker(1, 16000, 12000)]
+    fair = plan_round(
+        _singles(), workers, PlacerSettings(), max_rows=100, now=NOW, gangs=gangs.whole(), shares=shares
+    )
+    assert sorted(p.job_id for p in fair.placements) == [200, 201]
+    by_id = plan_round(_singles(), workers, PlacerSettings(), max_rows=100, now=NOW, gangs=gangs.whole())
+    assert sorted(p.job_id for p in by_id.placements) == [100, 101]
