@@ -12,8 +12,10 @@ import numpy as np
 
 from actors.fair_share import AccountShare, dominant_share
 from actors.pending_queue import PendingJob, PendingQueue
+from actors.placement import Devices
 from actors.quotas import AccountQuota
 from actors.rooms import WorkerRoom
+from actors.rooms import unschedulable_reason as job_unschedulable_reason
 from runtime.accounts import quota_reason
 from runtime.constraints import satisfied
 
@@ -165,24 +167,31 @@ class GangPlan:
         reasons: (job_id, reason) for the tasks of gangs not placed whose stored reason differs
             ('' clears one), and for placed ones nothing (a commit clears their reasons).
         reserved: worker_id -> the gang id it is kept free for in this round.
+        units: job_id -> the device units each placed task asking devices is given on its
+            worker, (name, unit ids) pairs sorted by name (docs/devices.md).
     """
 
     placements: tuple[tuple[int, str], ...] = ()
     reasons: tuple[tuple[int, str], ...] = ()
     reserved: Mapping[str, int] = attrs.field(factory=dict)
+    units: Mapping[int, tuple[tuple[str, tuple[str, ...]], ...]] = attrs.field(factory=dict)
 
     def rooms_left(
         self, rooms: Sequence[WorkerRoom], sizes: Mapping[int, tuple[int, int]]
     ) -> list[WorkerRoom]:
         """``rooms`` with what the placements take (``sizes``: job_id -> (cpu_millis,
-        memory_mb)) allocated and counted against their placement limits."""
+        memory_mb)) allocated and counted against their placement limits, and their device units
+        in use."""
         taken: dict[str, list[int]] = {}
+        held: dict[str, set[tuple[str, str]]] = {}
         for job_id, worker_id in self.placements:
             cpu, mem = sizes[job_id]
             used = taken.setdefault(worker_id, [0, 0, 0])
             used[0] += cpu
             used[1] += mem
             used[2] += 1
+            for name, ids in self.units.get(job_id, ()):
+                held.setdefault(worker_id, set()).update((name, unit) for unit in ids)
         left = []
         for room in rooms:
             took = taken.get(room.worker_id)
@@ -197,6 +206,7 @@ class GangPlan:
                     placement_limit=None
                     if room.placement_limit is None
                     else max(0, room.placement_limit - took[2]),
+                    units_in_use=room.units_in_use | held.get(room.worker_id, set()),
                 )
             )
         return left
@@ -205,29 +215,54 @@ class GangPlan:
 def unschedulable_reason(gang: PendingGang, rooms: Sequence[WorkerRoom]) -> str | None:
     """Why ``gang`` can never be placed on these workers as they are (each empty), or None when
     it could be: with spread, fewer than ``size`` eligible workers have the capacity for one
-    task; without, the eligible workers' capacities hold fewer than ``size`` tasks at once."""
+    task; without, the eligible workers' capacities hold fewer than ``size`` tasks at once (the
+    units they offer count as capacity: a worker offering 8 gpu holds 4 tasks asking 2). A task
+    asking a device no eligible worker offers enough of has a single job's reason
+    (:func:`actors.rooms.unschedulable_reason`: ``unschedulable: needs 2 gpu, no worker offers
+    gpu``)."""
     cap_cpu = np.array([r.cpu_millis for r in rooms], dtype=np.int64)
     cap_mem = np.array([r.memory_mb for r in rooms], dtype=np.int64)
-    return _never(gang, _eligible(gang.job, rooms), cap_cpu, cap_mem)
+    devices = Devices.of(rooms, [gang.job.resources])
+    return _never(gang, rooms, _eligible(gang.job, rooms), cap_cpu, cap_mem, devices.capacity)
 
 
 def _eligible(job: PendingJob, rooms: Sequence[WorkerRoom]) -> np.ndarray:
-    """Which of ``rooms`` may take ``job`` at all: containers and constraints."""
+    """Which of ``rooms`` may take ``job`` at all: containers, constraints and the count of
+    units it asks of each device (offered, free or not)."""
     return np.array(
         [
-            (r.runs_containers or not job.needs_container) and satisfied(job.constraints, r.labels)
+            (r.runs_containers or not job.needs_container)
+            and satisfied(job.constraints, r.labels)
+            and all(len(r.resources.get(name, ())) >= count for name, count in job.resources)
             for r in rooms
         ],
         dtype=bool,
     )
 
 
-def _never(gang: PendingGang, eligible: np.ndarray, cap_cpu: np.ndarray, cap_mem: np.ndarray) -> str | None:
-    """:func:`unschedulable_reason` on the workers' capacities and eligibility as arrays."""
+def _never(
+    gang: PendingGang,
+    rooms: Sequence[WorkerRoom],
+    eligible: np.ndarray,
+    cap_cpu: np.ndarray,
+    cap_mem: np.ndarray,
+    cap_units: Mapping[str, np.ndarray],
+) -> str | None:
+    """:func:`unschedulable_reason` on the workers' capacities and eligibility as arrays
+    (``cap_units``: name -> the units each worker offers, for the names the gang asks)."""
     job = gang.job
-    holds = np.minimum(cap_cpu // job.cpu_millis, cap_mem // job.memory_mb) * eligible
+    if job.resources and not eligible.any():
+        reason = job_unschedulable_reason(job, rooms)
+        if reason is not None:
+            return reason
+    holds = np.minimum(cap_cpu // job.cpu_millis, cap_mem // job.memory_mb)
+    for name, count in job.resources:
+        holds = np.minimum(holds, cap_units[name] // count)
+    holds = holds * eligible
     able = int(np.count_nonzero(holds > 0))
-    need = f"room for {job.cpu_millis} cpu_millis, {job.memory_mb} memory_mb"
+    need = f"room for {job.cpu_millis} cpu_millis, {job.memory_mb} memory_mb" + "".join(
+        f", {count} {name}" for name, count in job.resources
+    )
     if gang.spread:
         if able >= gang.size:
             return None
@@ -263,7 +298,11 @@ def place_gangs(
     """Place whole gangs on the free room of ``rooms``, in the given order (priority, then gang
     id): a gang is placed only when all of its tasks fit at once, each task by best fit (the
     worker whose normalised leftover is smallest, ties by worker id) on the rooms as the tasks
-    placed before it left them; with spread, on distinct workers. A gang whose ``not_before``
+    placed before it left them; with spread, on distinct workers. A task asking devices fits
+    only a worker with that many free units of each (:meth:`WorkerRoom.free_units`, less what
+    the round gave before it), its leftover counts them as a single job's does
+    (:class:`actors.placement.Devices`), and it is given the lowest free ids
+    (:attr:`GangPlan.units`). A gang whose ``not_before``
     is after ``now`` is left alone. A gang that fits no room now but could fit the workers'
     capacities, queued ``reserve_after_s`` or more, keeps the workers that lack least for it
     free for the round (at most ``max_reservations`` gangs), so that single jobs do not take the
@@ -274,7 +313,7 @@ def place_gangs(
     (docs/quotas.md) and reserves nothing.
 
     Never more than a room holds, never a partial gang, never two tasks of a spread gang on one
-    worker (tests/unit/test_gangs_placement.py, hypothesis).
+    worker, never one unit to two tasks (tests/unit/test_gangs_placement.py, hypothesis).
     """
     ordered = sorted(rooms, key=lambda r: r.worker_id)
     names = [r.worker_id for r in ordered]
@@ -289,6 +328,8 @@ def place_gangs(
     open_ = np.array([r.worker_id not in closed for r in ordered], dtype=bool)
     inv_cpu = 1.0 / np.maximum(cap_cpu, 1)
     inv_mem = 1.0 / np.maximum(cap_mem, 1)
+    devices = Devices.of(ordered, [g.job.resources for g in gangs if g.job.resources])
+    units: dict[int, tuple[tuple[str, tuple[str, ...]], ...]] = {}
     placements: list[tuple[int, str]] = []
     reasons: list[tuple[int, str]] = []
     reserved: dict[str, int] = {}
@@ -296,8 +337,8 @@ def place_gangs(
     def tell(gang: PendingGang, reason: str) -> None:
         reasons.extend((t, reason) for t in gang.task_ids if gang.reasons.get(t, "") != reason)
 
-    # Per shape (size, spread, cpu, mem, container, constraints): whether it can ever fit, worked
-    # out once a round; eligibility per (container, constraints).
+    # Per shape (size, spread, cpu, mem, container, constraints, device ask): whether it can ever
+    # fit, worked out once a round; eligibility per (container, constraints, device ask).
     eligible_of: dict[tuple[bool, tuple[object, ...]], np.ndarray] = {}
     never_of: dict[tuple[object, ...], str | None] = {}
     fits_of: dict[tuple[object, ...], int] = {}
@@ -310,13 +351,14 @@ def place_gangs(
             continue
         job = gang.job
         cpu, mem = job.cpu_millis, job.memory_mb
-        group = (job.needs_container, job.constraints)
+        ask = job.resources
+        group = (job.needs_container, job.constraints, ask)
         eligible = eligible_of.get(group)
         if eligible is None:
             eligible = eligible_of[group] = _eligible(job, ordered)
         shape = (gang.size, gang.spread, cpu, mem, group)
         if shape not in never_of:
-            never_of[shape] = _never(gang, eligible, cap_cpu, cap_mem)
+            never_of[shape] = _never(gang, ordered, eligible, cap_cpu, cap_mem, devices.capacity)
         never = never_of[shape]
         if never is not None:
             tell(gang, never)
@@ -333,6 +375,8 @@ def place_gangs(
         fits_now = fits_of.get(key)
         if fits_now is None:
             room = np.minimum(np.maximum(free_cpu, 0) // cpu, np.maximum(free_mem, 0) // mem)
+            for name, count in ask:
+                room = np.minimum(room, devices.free[name] // count)
             room = np.minimum(room, left) * allowed
             fits_now = fits_of[key] = int(np.count_nonzero(room > 0)) if gang.spread else int(room.sum())
         if fits_now < gang.size:
@@ -344,19 +388,26 @@ def place_gangs(
                     changes += 1
             continue
         try_cpu, try_mem, try_left = free_cpu.copy(), free_mem.copy(), left.copy()
+        try_units = {name: devices.free[name].copy() for name, _ in ask}
         unused = np.ones(len(ordered), dtype=bool)
         chosen: list[int] = []
         for _ in range(gang.size):
             fits = allowed & (try_cpu >= cpu) & (try_mem >= mem) & (try_left > 0)
+            if ask:
+                fits &= devices.able(ask, try_units)
             if gang.spread:
                 fits &= unused
             if not fits.any():
                 break
             score = (try_cpu - cpu) * inv_cpu + (try_mem - mem) * inv_mem
+            if ask:
+                score = score + devices.leftover(ask, try_units)
             k = int(np.argmin(np.where(fits, score, np.inf)))
             try_cpu[k] -= cpu
             try_mem[k] -= mem
             try_left[k] -= 1
+            for name, count in ask:
+                try_units[name][k] -= count
             unused[k] = False
             chosen.append(k)
         if len(chosen) == gang.size:
@@ -365,9 +416,11 @@ def place_gangs(
             placements.extend((t, names[k]) for t, k in zip(gang.task_ids, chosen, strict=True))
             had = taken.get(job.owner, (0, 0))
             taken[job.owner] = (had[0] + gang.size * cpu, had[1] + gang.size * mem)
+            if ask:
+                units.update((t, devices.take(ask, k)) for t, k in zip(gang.task_ids, chosen, strict=True))
             continue
         tell(gang, waiting_reason(gang))
-    return GangPlan(placements=tuple(placements), reasons=tuple(reasons), reserved=reserved)
+    return GangPlan(placements=tuple(placements), reasons=tuple(reasons), reserved=reserved, units=units)
 
 
 def _reserve(
@@ -469,12 +522,13 @@ def quotas_after(
 
 
 def joined(first: GangPlan, then: GangPlan) -> GangPlan:
-    """Two gang plans of one round as one: ``first``'s placements, reasons and reservations,
-    then ``then``'s."""
+    """Two gang plans of one round as one: ``first``'s placements, reasons, reservations and
+    units, then ``then``'s."""
     return GangPlan(
         placements=first.placements + then.placements,
         reasons=first.reasons + then.reasons,
         reserved={**first.reserved, **then.reserved},
+        units={**first.units, **then.units},
     )
 
 

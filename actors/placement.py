@@ -86,9 +86,10 @@ class Plan:
 
 
 @attrs.define
-class _Devices:
+class Devices:
     """The device units of a round's workers (in their placement order), for the names the
-    queue's jobs ask: free counts as arrays, free ids as lists taken from the lowest."""
+    queue's jobs ask: free counts as arrays, free ids as lists taken from the lowest. Shared with
+    the gangs' placement (actors/gangs.py), which scores and takes units the same way."""
 
     capacity: dict[str, np.ndarray]
     """name -> units each worker offers."""
@@ -98,7 +99,7 @@ class _Devices:
     """name -> each worker's free unit ids, lowest first."""
 
     @classmethod
-    def of(cls, workers: Sequence[WorkerRoom], asks: Sequence[DeviceAsk]) -> _Devices:
+    def of(cls, workers: Sequence[WorkerRoom], asks: Sequence[DeviceAsk]) -> Devices:
         names = sorted({name for ask in asks for name, _ in ask})
         free_ids = {n: [w.free_units(n) for w in workers] for n in names}
         return cls(
@@ -117,13 +118,15 @@ class _Devices:
             able = able & (counts[name] >= count)
         return able
 
-    def leftover(self, ask: DeviceAsk) -> np.ndarray | float:
+    def leftover(self, ask: DeviceAsk, counts: Mapping[str, np.ndarray] | None = None) -> np.ndarray | float:
         """Each worker's free units left after ``ask``, over its capacity, summed over the names
-        asked (a worker offering none of a name scores as full: it is not eligible anyway)."""
+        asked (a worker offering none of a name scores as full: it is not eligible anyway);
+        ``counts``: those free counts instead."""
+        counts = self.free if counts is None else counts
         score: np.ndarray | float = 0.0
         for name, count in ask:
             capacity = self.capacity[name]
-            score = score + (self.free[name] - count) / np.maximum(capacity, 1)
+            score = score + (counts[name] - count) / np.maximum(capacity, 1)
         return score
 
     def take(self, ask: DeviceAsk, worker: int) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -230,7 +233,7 @@ def place_queue_steps(
     # such shape over all workers); jobs asking none cost nothing more.
     shape_ask = table[:, 4]
     device_shapes = np.flatnonzero(shape_ask).tolist()
-    devices = _Devices.of(ordered, [queue.asks[a] for a in set(shape_ask[device_shapes].tolist())])
+    devices = Devices.of(ordered, [queue.asks[a] for a in set(shape_ask[device_shapes].tolist())])
 
     def fit_by_shape(
         room_cpu: np.ndarray,

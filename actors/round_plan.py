@@ -269,7 +269,7 @@ def plan_round_steps(
         held=held or None,
     )
     if after:
-        rooms = GangPlan(placements=plan.placements).rooms_left(rooms, plan.sizes)
+        rooms = GangPlan(placements=plan.placements, units=plan.units).rooms_left(rooms, plan.sizes)
         later = place_gangs(
             after,
             gang_rooms(rooms, members),
@@ -355,6 +355,7 @@ def _gang_placements(
             incarnation=by_id[worker_id].incarnation,
             cpu_millis=size[job_id][0],
             memory_mb=size[job_id][1],
+            units=gang_plan.units.get(job_id, ()),
         )
         for job_id, worker_id in gang_plan.placements
     )

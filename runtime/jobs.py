@@ -518,10 +518,6 @@ class JobSpec:
             raise InvalidArgument(
                 "tasks", self.tasks, "cannot be combined with array: a job is a gang or an array"
             )
-        if self.resources:
-            raise InvalidArgument(
-                "tasks", self.tasks, "cannot be combined with resources yet: a gang's tasks get no devices"
-            )
 
     def env_values_hidden(self) -> JobSpec:
         """This spec with every environment value replaced by :data:`HIDDEN_ENV_VALUE` (the

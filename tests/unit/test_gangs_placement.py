@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from properties import examples
@@ -172,3 +173,120 @@ def test_a_round_places_at_most_its_limit_and_only_whole_gangs(
     placed = {job_id for job_id, _ in plan.placements}
     for gang in gangs:
         assert placed & set(gang.task_ids) in (set(), set(gang.task_ids))
+
+
+def _device_room(i: int, cpu: int, offered: int, held: frozenset[int], limit: int | None) -> WorkerRoom:
+    units = tuple(str(u) for u in range(offered))
+    return WorkerRoom(
+        worker_id=f"w-{i:02d}",
+        cpu_millis=cpu,
+        memory_mb=16384,
+        placement_limit=limit,
+        resources={"gpu": units} if offered else {},
+        units_in_use=frozenset(("gpu", str(u)) for u in held if u < offered),
+    )
+
+
+device_rooms_st = st.lists(
+    st.builds(
+        _device_room,
+        st.integers(0, 99),
+        st.integers(1000, 16000),
+        st.integers(0, 8),
+        st.frozensets(st.integers(0, 7), max_size=8),
+        st.none() | st.integers(0, 4),
+    ),
+    max_size=8,
+    unique_by=lambda r: r.worker_id,
+)
+
+
+def _device_gang(gang_id: int, size: int, cpu: int, gpu: int, spread: bool) -> PendingGang:
+    gang = _gang(gang_id, size, cpu, 64, spread)
+    return attrs.evolve(gang, job=attrs.evolve(gang.job, resources=(("gpu", gpu),) if gpu else ()))
+
+
+device_gangs_st = st.lists(
+    st.builds(
+        _device_gang,
+        st.integers(1, 50),
+        st.integers(1, 6),
+        st.integers(100, 4000),
+        st.integers(0, 3),
+        st.booleans(),
+    ),
+    max_size=6,
+    unique_by=lambda g: g.gang_id,
+)
+
+
+@given(device_gangs_st, device_rooms_st)
+@settings(max_examples=examples(300))
+def test_no_device_unit_is_given_twice_and_gangs_asking_devices_are_placed_whole(
+    gangs: list[PendingGang], rooms: list[WorkerRoom]
+) -> None:
+    """Every task asking gpu gets that many units its worker offers and no active assignment
+    holds, no unit goes to two tasks, and each gang is placed whole or not at all."""
+    plan = place_gangs(gangs, rooms, now=0.0)
+    where = dict(plan.placements)
+    by_id = {r.worker_id: r for r in rooms}
+    given_out: list[tuple[str, str]] = []
+    for gang in gangs:
+        placed = [t for t in gang.task_ids if t in where]
+        assert placed in ([], list(gang.task_ids))
+        for t in placed:
+            room = by_id[where[t]]
+            held = dict(plan.units.get(t, ()))
+            assert {name: len(ids) for name, ids in held.items()} == dict(gang.job.resources)
+            for unit in held.get("gpu", ()):
+                assert unit in room.resources["gpu"]
+                assert ("gpu", unit) not in room.units_in_use
+                given_out.append((room.worker_id, unit))
+    assert len(given_out) == len(set(given_out))
+    assert set(plan.units) <= set(where)
+
+
+def _gpu_room(worker_id: str, offered: int, held: int = 0) -> WorkerRoom:
+    return _device_room(int(worker_id[2:]), 16000, offered, frozenset(range(held)), None)
+
+
+def test_a_gangs_tasks_on_one_worker_get_disjoint_units_lowest_first() -> None:
+    """Two tasks asking 2 gpu on a worker with 4 free get 0,1 and 2,3; the next gang waits."""
+    rooms = [_gpu_room("w-01", 4)]
+    gangs = [_device_gang(1, 2, 1000, 2, False), _device_gang(2, 1, 1000, 1, False)]
+    plan = place_gangs(gangs, rooms, now=0.0)
+    assert [j for j, _ in plan.placements] == [100, 101]
+    assert plan.units == {100: (("gpu", ("0", "1")),), 101: (("gpu", ("2", "3")),)}
+    assert dict(plan.reasons) == {200: "gang: waiting for room for all 1 tasks at once"}
+
+
+def test_a_gang_asking_gpu_goes_by_best_fit_of_its_units() -> None:
+    """A spread gang of 2 tasks asking 1 gpu takes the two workers with the fewest free units
+    (the score of actors/placement.py), keeping the empty 8-gpu worker whole."""
+    rooms = [_gpu_room("w-01", 8), _gpu_room("w-02", 8, held=6), _gpu_room("w-03", 4, held=2)]
+    plan = place_gangs([_device_gang(1, 2, 1000, 1, True)], rooms, now=0.0)
+    assert sorted(plan.placements) == [(100, "w-02"), (101, "w-03")]
+    assert plan.units == {100: (("gpu", ("6",)),), 101: (("gpu", ("2",)),)}
+
+
+def test_a_gang_needing_more_units_than_the_workers_offer_is_unschedulable_naming_them() -> None:
+    """Three tasks of 2 gpu on two workers of 2 gpu: unschedulable, the reason names gpu; on
+    workers offering no gpu the reason is a single job's."""
+    rooms = [_gpu_room("w-01", 2), _gpu_room("w-02", 2), _gpu_room("w-03", 0)]
+    plan = place_gangs([_device_gang(1, 3, 1000, 2, False)], rooms, now=0.0)
+    assert not plan.placements
+    assert set(dict(plan.reasons).values()) == {
+        "unschedulable: gang of 3 needs room for 1000 cpu_millis, 64 memory_mb, 2 gpu for each task;"
+        " the 2 live workers with it hold 2 at once"
+    }
+    none = place_gangs([_device_gang(1, 2, 1000, 1, True)], [_gpu_room("w-01", 0)], now=0.0)
+    assert set(dict(none.reasons).values()) == {"unschedulable: needs 1 gpu, no worker offers gpu"}
+
+
+def test_the_units_of_a_placed_gang_are_in_use_in_the_rooms_it_leaves() -> None:
+    """rooms_left marks a placed gang's units in use, so the single jobs after it cannot take them."""
+    rooms = [_gpu_room("w-01", 4, held=1)]
+    gang = _device_gang(1, 2, 1000, 1, False)
+    plan = place_gangs([gang], rooms, now=0.0)
+    (left,) = plan.rooms_left(rooms, {t: (1000, 64) for t in gang.task_ids})
+    assert left.free_units("gpu") == ["3"]

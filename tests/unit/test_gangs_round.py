@@ -256,3 +256,30 @@ def test_with_fair_share_the_gang_of_the_account_furthest_below_its_share_goes_f
     assert sorted(p.job_id for p in fair.placements) == [200, 201]
     by_id = plan_round(_singles(), workers, PlacerSettings(), max_rows=100, now=NOW, gangs=gangs.whole())
     assert sorted(p.job_id for p in by_id.placements) == [100, 101]
+
+
+def test_a_gangs_units_go_into_its_placements_and_no_single_job_takes_them() -> None:
+    """A gang of 2 asking 2 gpu on a worker with 4 gets units 0,1 and 2,3 in its placements; a
+    single job asking 1 gpu after it waits, for none is left."""
+    worker = _worker(1, 16000)
+    worker = attrs.evolve(worker, room=attrs.evolve(worker.room, resources={"gpu": ("0", "1", "2", "3")}))
+    gangs = GangQueue()
+    gangs.add(
+        [
+            (
+                PendingJob(job_id=100 + rank, cpu_millis=1000, memory_mb=64, resources=(("gpu", 2),)),
+                GangTask(gang_id=100, rank=rank, size=2),
+                "",
+            )
+            for rank in range(2)
+        ],
+        now=0.0,
+        not_before={},
+    )
+    singles = PendingQueue()
+    singles.replace([PendingJob(job_id=1, cpu_millis=1000, memory_mb=64, resources=(("gpu", 1),))])
+    plan = plan_round(singles, [worker], PlacerSettings(), max_rows=100, now=NOW, gangs=gangs.whole())
+    assert [(p.job_id, p.units) for p in plan.placements] == [
+        (100, (("gpu", ("0", "1")),)),
+        (101, (("gpu", ("2", "3")),)),
+    ]

@@ -25,12 +25,11 @@ SPEC = JobSpec(name="g", cpu_millis=100, memory_mb=64, runtime=SleepRuntime(dura
         ({"tasks": 257}, "tasks must be between 1 and 256, got 257"),
         ({"spread": True}, "spread"),
         ({"tasks": 2, "array": ArrayRange(first_index=1, last_index=2)}, "cannot be combined with array"),
-        ({"tasks": 2, "resources": {"gpu": 1}}, "cannot be combined with resources"),
     ],
 )
 def test_bad_gangs_are_refused_naming_field_value_and_limit(changes: dict[str, object], message: str) -> None:
-    """A gang of no task, of more than MAX_GANG_TASKS, spread without tasks, an array gang or a
-    gang asking devices (not given to gangs yet) is refused."""
+    """A gang of no task, of more than MAX_GANG_TASKS, spread without tasks or an array gang is
+    refused."""
     with pytest.raises(InvalidArgument, match=message):
         attrs.evolve(SPEC, **changes).check()
 
@@ -53,6 +52,13 @@ def test_a_gang_travels_the_wire_unchanged() -> None:
     gang = attrs.evolve(SPEC, tasks=3, spread=True)
     assert job_spec_from_pb(job_spec_to_pb(gang)) == gang
     assert job_spec_from_pb(job_spec_to_pb(SPEC)).tasks is None
+
+
+def test_a_gang_may_ask_devices_for_each_task() -> None:
+    """A gang asking gpu passes the checks, and its per-task ask survives the wire."""
+    gang = attrs.evolve(SPEC, tasks=2, resources={"gpu": 2})
+    gang.check()
+    assert job_spec_from_pb(job_spec_to_pb(gang)).resources == (("gpu", 2),)
 
 
 def test_a_batch_refuses_a_gang() -> None:
