@@ -52,6 +52,11 @@ from runtime.errors import StockadeError
 from runtime.text import read_jsonl
 from runtime.tls import TlsFiles
 
+GANG_DEVICE_SHARE = 0.5
+"""With ``devices``, the share of chaos gangs whose tasks ask gpu."""
+GANG_TASK_GPUS = (1, 2)
+"""The gpu each task of such a gang asks: uniform, inclusive."""
+
 
 @attrs.define
 class Harness:
@@ -460,6 +465,10 @@ class Harness:
                 # killed worker's return, which a run with few workers may outlast).
                 spec.spread = self.result.gangs_submitted % 2 == 0 and spec.tasks < s.workers
                 spec.max_attempts = GANG_MAX_ATTEMPTS
+                # With devices, some gangs ask 1 or 2 gpu for each task (docs/gangs.md, "Devices").
+                asks_gpu = s.devices and self._rng.random() < GANG_DEVICE_SHARE
+                gpus = self._rng.randint(*GANG_TASK_GPUS) if asks_gpu else 0
+                spec.resources = [pb.ResourceCount(name="gpu", count=gpus)] if gpus else []
             try:
                 reply = await client.call("submit_job", pb.SubmitJobRequest(spec=spec))
                 self._submitted += 1

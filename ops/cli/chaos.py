@@ -94,8 +94,9 @@ def chaos(
         bool,
         typer.Option(
             "--gangs",
-            help="Make every fifth submission a gang of 2 to 8 sleep tasks (every other one spread) and "
-            "sample the database for partial gangs during the run (docs/gangs.md).",
+            help="Make every fifth submission a gang of 2 to 8 sleep tasks (every other one spread; with "
+            "devices, half of them asking 1 or 2 gpu per task) and sample the database for partial gangs "
+            "during the run (docs/gangs.md).",
         ),
     ] = False,
     seed: Annotated[int, typer.Option(help="Seed of the job stream and the worker kills.")] = 1,
