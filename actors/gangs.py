@@ -339,7 +339,7 @@ def place_gangs(
 
     # Per shape (size, spread, cpu, mem, container, constraints, device ask): whether it can ever
     # fit, worked out once a round; eligibility per (container, constraints, device ask).
-    eligible_of: dict[tuple[bool, tuple[object, ...]], np.ndarray] = {}
+    eligible_of: dict[tuple[bool, tuple[object, ...], tuple[object, ...]], np.ndarray] = {}
     never_of: dict[tuple[object, ...], str | None] = {}
     fits_of: dict[tuple[object, ...], int] = {}
     changes = 0
