@@ -15,10 +15,24 @@ from test_cluster import wait_for
 from test_job_resources_on_a_cluster import stockade
 
 from ops import checker
-from ops.cluster import LocalCluster
+from ops.cluster import ClusterConfig, LocalCluster
 from runtime.aio import asyncio_bridge
 
 pytestmark = pytest.mark.e2e
+
+
+def check_units(cluster: LocalCluster, config: ClusterConfig) -> checker.CheckReport:
+    """The checker's report on ``cluster`` (as ``config`` records it): its history and its
+    workers' logs, jobs still running allowed (``shared_units``, ``device_assignments``)."""
+
+    async def report() -> checker.CheckReport:
+        async with asyncio_bridge():
+            history = await checker.load_history(config.database_url)
+        return checker.check_logs(
+            history, [cluster.state.work_dir(w.id) for w in config.workers], finish_required=False
+        )
+
+    return trio.run(report)
 
 
 def test_jobs_get_distinct_units_named_in_their_environment(tmp_path: Path, database_url: str) -> None:
@@ -73,14 +87,7 @@ def test_jobs_get_distinct_units_named_in_their_environment(tmp_path: Path, data
         assert status["workers"][0]["resources"] == {"gpu": ["0", "1", "2", "3"]}
         assert status["devices"] == {"gpu": {"in_use": 0, "offered": 4}}
 
-        async def report() -> checker.CheckReport:
-            async with asyncio_bridge():
-                history = await checker.load_history(config.database_url)
-            return checker.check_logs(
-                history, [cluster.state.work_dir(w.id) for w in config.workers], finish_required=False
-            )
-
-        checked = trio.run(report)
+        checked = check_units(cluster, config)
         assert checked.shared_units == 0 and checked.device_assignments == 2, checked.details
     finally:
         cluster.down()

@@ -8,13 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import trio
 from test_cluster import fetch, wait_for
+from test_device_jobs_on_a_cluster import check_units
 from test_job_resources_on_a_cluster import stockade
 
-from ops import checker
 from ops.cluster import LocalCluster
-from runtime.aio import asyncio_bridge
 
 pytestmark = pytest.mark.e2e
 
@@ -59,14 +57,7 @@ def test_a_gangs_tasks_get_disjoint_units_in_their_environment(tmp_path: Path, d
         )
         assert len(workers) == 1
 
-        async def report() -> checker.CheckReport:
-            async with asyncio_bridge():
-                history = await checker.load_history(config.database_url)
-            return checker.check_logs(
-                history, [cluster.state.work_dir(w.id) for w in config.workers], finish_required=False
-            )
-
-        checked = trio.run(report)
+        checked = check_units(cluster, config)
         assert checked.shared_units == 0 and checked.device_assignments == 2, checked.details
     finally:
         cluster.down()

@@ -10,31 +10,10 @@ import json
 import pytest
 from serving import ingest_and_leader, placer_with_ledger
 from test_device_commit import SETTINGS, held, register, submit
+from test_gangs_lifecycle import Cluster
 
 from actors import queries
-from protocol import pb
-from runtime.aio import PgConnection
-from runtime.client import ControlPlaneClient
 from runtime.errors import DuplicateKey
-
-
-async def submit_gang(cp: ControlPlaneClient, admin: PgConnection, tasks: int, gpu: int) -> list[int]:
-    """A gang of ``tasks`` sleep tasks asking ``gpu`` gpu each, through the ingest; its task ids by rank."""
-    reply = await cp.call(
-        "submit_job",
-        pb.SubmitJobRequest(
-            spec=pb.JobSpec(
-                name="g",
-                cpu_millis=100,
-                memory_mb=10,
-                sleep=pb.SleepRuntime(duration_ms=60_000),
-                tasks=tasks,
-                resources=[pb.ResourceCount(name="gpu", count=gpu)],
-            )
-        ),
-    )
-    rows = await admin.fetch("SELECT id FROM jobs WHERE gang_id = $1 ORDER BY gang_rank", int(reply.job_id))
-    return [int(r["id"]) for r in rows]
 
 
 async def test_a_gangs_tasks_get_distinct_units_recorded_with_their_assignments(database_url: str) -> None:
@@ -42,7 +21,7 @@ async def test_a_gangs_tasks_get_distinct_units_recorded_with_their_assignments(
     places both, on units 0,1 and 2,3, recorded in assignment_units with their assignments."""
     async with ingest_and_leader(database_url) as (cp, admin):
         await register(admin, "w-1", {"gpu": ["0", "1", "2", "3"]})
-        tasks = await submit_gang(cp, admin, 2, 2)
+        tasks = await Cluster(cp=cp, admin=admin).submit_gang(2, gpu=2)
         asked = await admin.fetch("SELECT resources FROM jobs WHERE id = ANY($1)", tasks)
         assert [json.loads(r["resources"]) for r in asked] == [{"gpu": 2}, {"gpu": 2}]
         async with placer_with_ledger(database_url, SETTINGS) as placer:
@@ -77,7 +56,7 @@ async def test_a_gang_whose_units_collide_is_refused_whole(database_url: str) ->
             ["gpu"],
             ["2"],
         )
-        tasks = await submit_gang(cp, admin, 2, 1)
+        tasks = await Cluster(cp=cp, admin=admin).submit_gang(2, gpu=1)
         with pytest.raises(DuplicateKey, match="assignment_units_one_active_holder"):
             await admin.fetch(
                 queries.COMMIT_PLACEMENTS,

@@ -44,7 +44,10 @@ class Cluster:
             pb.HeartbeatRequest(worker_id=worker_id, incarnation=incarnation, finished=list(finished)),
         )
 
-    async def submit_gang(self, tasks: int, *, max_attempts: int = 1, spread: bool = False) -> list[int]:
+    async def submit_gang(
+        self, tasks: int, *, max_attempts: int = 1, spread: bool = False, gpu: int = 0
+    ) -> list[int]:
+        """A gang of ``tasks`` command tasks, each asking ``gpu`` gpu (0: none); its task ids by rank."""
         reply = await self.cp.call(
             "submit_job",
             pb.SubmitJobRequest(
@@ -56,6 +59,7 @@ class Cluster:
                     max_attempts=max_attempts,
                     tasks=tasks,
                     spread=spread,
+                    resources=[pb.ResourceCount(name="gpu", count=gpu)] if gpu else [],
                 )
             ),
         )
