@@ -35,14 +35,26 @@ def _worker(
 
 
 def _gangs(
-    gang_id: int, size: int, cpu: int, *, spread: bool = False, priority: int = 0, owner: str = ""
+    gang_id: int,
+    size: int,
+    cpu: int,
+    *,
+    spread: bool = False,
+    priority: int = 0,
+    owner: str = "",
+    gpu: int = 0,
 ) -> GangQueue:
     queue = GangQueue()
     queue.add(
         [
             (
                 PendingJob(
-                    job_id=gang_id + rank, cpu_millis=cpu, memory_mb=64, priority=priority, owner=owner
+                    job_id=gang_id + rank,
+                    cpu_millis=cpu,
+                    memory_mb=64,
+                    priority=priority,
+                    owner=owner,
+                    resources=(("gpu", gpu),) if gpu else (),
                 ),
                 GangTask(gang_id=gang_id, rank=rank, size=size, spread=spread),
                 "",
@@ -55,11 +67,14 @@ def _gangs(
     return queue
 
 
-def _singles(*sizes: int, priority: int = 0, owner: str = "") -> PendingQueue:
+def _singles(*sizes: int, priority: int = 0, owner: str = "", gpu: int = 0) -> PendingQueue:
     queue = PendingQueue()
+    asked = (("gpu", gpu),) if gpu else ()
     queue.replace(
         [
-            PendingJob(job_id=1 + k, cpu_millis=cpu, memory_mb=64, priority=priority, owner=owner)
+            PendingJob(
+                job_id=1 + k, cpu_millis=cpu, memory_mb=64, priority=priority, owner=owner, resources=asked
+            )
             for k, cpu in enumerate(sizes)
         ]
     )
@@ -258,28 +273,42 @@ def test_with_fair_share_the_gang_of_the_account_furthest_below_its_share_goes_f
     assert sorted(p.job_id for p in by_id.placements) == [100, 101]
 
 
+def _gpu_worker(index: int, units: int) -> LiveWorker:
+    worker = _worker(index, 16000)
+    offered = tuple(str(u) for u in range(units))
+    return attrs.evolve(worker, room=attrs.evolve(worker.room, resources={"gpu": offered}))
+
+
 def test_a_gangs_units_go_into_its_placements_and_no_single_job_takes_them() -> None:
     """A gang of 2 asking 2 gpu on a worker with 4 gets units 0,1 and 2,3 in its placements; a
     single job asking 1 gpu after it waits, for none is left."""
-    worker = _worker(1, 16000)
-    worker = attrs.evolve(worker, room=attrs.evolve(worker.room, resources={"gpu": ("0", "1", "2", "3")}))
-    gangs = GangQueue()
-    gangs.add(
-        [
-            (
-                PendingJob(job_id=100 + rank, cpu_millis=1000, memory_mb=64, resources=(("gpu", 2),)),
-                GangTask(gang_id=100, rank=rank, size=2),
-                "",
-            )
-            for rank in range(2)
-        ],
-        now=0.0,
-        not_before={},
+    plan = plan_round(
+        _singles(1000, gpu=1),
+        [_gpu_worker(1, 4)],
+        PlacerSettings(),
+        max_rows=100,
+        now=NOW,
+        gangs=_gangs(100, 2, 1000, gpu=2).whole(),
     )
-    singles = PendingQueue()
-    singles.replace([PendingJob(job_id=1, cpu_millis=1000, memory_mb=64, resources=(("gpu", 1),))])
-    plan = plan_round(singles, [worker], PlacerSettings(), max_rows=100, now=NOW, gangs=gangs.whole())
     assert [(p.job_id, p.units) for p in plan.placements] == [
         (100, (("gpu", ("0", "1")),)),
         (101, (("gpu", ("2", "3")),)),
+    ]
+
+
+def test_a_gang_placed_after_the_single_jobs_gets_only_the_units_they_left() -> None:
+    """A priority 5 job takes gpu 0,1 of a worker with 4; the priority 0 gang of 2 tasks asking
+    1 gpu, placed after it, gets 2 and 3."""
+    plan = plan_round(
+        _singles(1000, priority=5, gpu=2),
+        [_gpu_worker(1, 4)],
+        PlacerSettings(),
+        max_rows=100,
+        now=NOW,
+        gangs=_gangs(100, 2, 1000, gpu=1).whole(),
+    )
+    assert sorted((p.job_id, p.units) for p in plan.placements) == [
+        (1, (("gpu", ("0", "1")),)),
+        (100, (("gpu", ("2",)),)),
+        (101, (("gpu", ("3",)),)),
     ]
