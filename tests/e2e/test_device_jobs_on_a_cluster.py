@@ -7,6 +7,8 @@ unit held twice; ``stockade status`` shows the units."""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -38,15 +40,23 @@ def check_units(cluster: LocalCluster, config: ClusterConfig) -> checker.CheckRe
 def test_jobs_get_distinct_units_named_in_their_environment(tmp_path: Path, database_url: str) -> None:
     """Two jobs asking 2 gpu each on a worker of 4 run at once on distinct units, each seeing
     STOCKADE_RESOURCE_GPU and CUDA_VISIBLE_DEVICES with its own ids, and one asking none sees
-    CUDA_VISIBLE_DEVICES empty; a job asking 1 tpu stays
-    pending with the reason that no worker offers tpu; the checker finds no unit held twice."""
+    CUDA_VISIBLE_DEVICES empty; a job asking 1 tpu stays pending with the reason that no worker
+    offers tpu; the checker finds no unit held twice."""
+    # Both gpu jobs hold their units until the test has seen both running: at once, whatever the
+    # machine's load (a job that ended before the other started would free its units). The
+    # jobs run as users of their own, so the folder they wait on is outside the test's.
+    barrier = Path(tempfile.mkdtemp(prefix="stockade-barrier-"))
+    barrier.chmod(0o755)
+    go = barrier / "go"
     cluster = LocalCluster(
         tmp_path / "state", database_url=database_url, agent_args=("--resource", "gpu=0,1,2,3")
     )
     try:
         ready = cluster.up(control_planes=1, workers=1)
         config = ready.config
-        script = 'echo "$STOCKADE_RESOURCE_GPU $CUDA_VISIBLE_DEVICES"; sleep 1'
+        script = (
+            f'echo "$STOCKADE_RESOURCE_GPU $CUDA_VISIBLE_DEVICES"; while [ ! -e {go} ]; do sleep 0.1; done'
+        )
         ids = []
         for _ in range(2):
             submitted = stockade(
@@ -71,6 +81,12 @@ def test_jobs_get_distinct_units_named_in_their_environment(tmp_path: Path, data
             return json.loads(shown.stdout)  # type: ignore[no-any-return]
 
         wait_for(
+            lambda: all(state(i)["status"]["state"] == "running" for i in ids),  # type: ignore[index]
+            timeout_s=60,
+            what="both gpu jobs to run",
+        )
+        go.touch()
+        wait_for(
             lambda: all(state(i)["status"]["state"] == "succeeded" for i in [*ids, plain.stdout.strip()]),  # type: ignore[index]
             timeout_s=60,
             what="the gpu jobs to succeed",
@@ -91,3 +107,4 @@ def test_jobs_get_distinct_units_named_in_their_environment(tmp_path: Path, data
         assert checked.shared_units == 0 and checked.device_assignments == 2, checked.details
     finally:
         cluster.down()
+        shutil.rmtree(barrier, ignore_errors=True)
