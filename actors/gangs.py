@@ -470,14 +470,23 @@ def gangs_by_priority(
     gangs: Sequence[PendingGang], queue: PendingQueue, now: float
 ) -> tuple[list[PendingGang], list[PendingGang]]:
     """``gangs`` split into those a round places before the queue's jobs (priority at least the
-    highest of the queue's jobs past their backoff at ``now``) and those it places after them,
-    each in the order given. With equal priorities a gang goes first: it needs all of its room
-    at once, which single jobs would otherwise keep taking."""
-    eligible = queue.prio[queue.not_before <= now]
-    if not eligible.size:
+    highest of the queue's jobs that may be placed: past their backoff at ``now`` and not
+    stored as unschedulable or held by a quota) and those it places after them, each in the
+    order given. With equal priorities a gang goes first: it needs all of its room at once,
+    which single jobs would otherwise keep taking. A job of high priority that can never run
+    does not send every gang behind the queue."""
+    stuck = [k for k, text in enumerate(queue.reason_texts) if text.startswith(_STUCK)]
+    able = queue.not_before <= now
+    if stuck:
+        able &= ~np.isin(queue.reason_code, stuck)
+    if not able.any():
         return list(gangs), []
-    top = int(eligible.max())
+    top = int(queue.prio[able].max())
     return [g for g in gangs if g.job.priority >= top], [g for g in gangs if g.job.priority < top]
+
+
+_STUCK = ("unschedulable", "quota:")
+"""How the stored reasons of jobs that no round will place as things are begin."""
 
 
 def gang_rooms(rooms: Sequence[WorkerRoom], members: Iterable[str]) -> list[WorkerRoom]:

@@ -312,3 +312,20 @@ def test_a_gang_placed_after_the_single_jobs_gets_only_the_units_they_left() -> 
         (100, (("gpu", ("2",)),)),
         (101, (("gpu", ("3",)),)),
     ]
+
+
+def test_a_high_priority_job_that_can_never_run_does_not_send_gangs_behind_the_queue() -> None:
+    """A priority 9 job stored as unschedulable is not a job the gang waits behind: the gang of
+    two goes first and the priority 0 single job, which would have taken its room, waits."""
+    queue = PendingQueue()
+    queue.replace(
+        [
+            PendingJob(job_id=1, cpu_millis=64000, memory_mb=64, priority=9),
+            PendingJob(job_id=2, cpu_millis=2000, memory_mb=64),
+        ],
+        reasons={1: "unschedulable: needs 64000 cpu_millis, no live worker has it"},
+    )
+    plan = plan_round(
+        queue, [_worker(1, 4000)], PlacerSettings(), max_rows=100, now=NOW, gangs=_gangs(100, 2, 2000).whole()
+    )
+    assert sorted(p.job_id for p in plan.placements) == [100, 101]
