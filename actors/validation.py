@@ -323,7 +323,7 @@ LIMITS = (
     Limit(
         "`specs` of one SubmitJobs request (`stockade jobs` splits larger batches)",
         f"1 to {_n(MAX_BATCH_JOBS)} jobs, and at most {_n(MAX_BATCH_JOBS)} rows with each array's "
-        "tasks counted",
+        "and gang's tasks counted",
         ("MAX_BATCH_JOBS",),
     ),
     Limit(
