@@ -298,12 +298,14 @@ LIMITS = (
     ),
     Limit(
         "job `retry_on_exit` (`--retry-on-exit`)",
-        f"exit codes {MIN_RETRY_EXIT_CODE} to {MAX_RETRY_EXIT_CODE}, each once",
+        f"exit codes {MIN_RETRY_EXIT_CODE} to {MAX_RETRY_EXIT_CODE}, each once; only with `max_attempts` above 1",
         ("MAX_RETRY_EXIT_CODE",),
     ),
     Limit(
         "job `no_retry_on` (`--no-retry-on`)",
-        "failure reasons, each once: " + ", ".join(f"`{r}`" for r in FAILURE_REASONS),
+        "failure reasons, each once: "
+        + ", ".join(f"`{r}`" for r in FAILURE_REASONS)
+        + "; only with `max_attempts` above 1",
         (),
     ),
     Limit(
