@@ -298,7 +298,8 @@ LIMITS = (
     ),
     Limit(
         "job `retry_on_exit` (`--retry-on-exit`)",
-        f"exit codes {MIN_RETRY_EXIT_CODE} to {MAX_RETRY_EXIT_CODE}, each once; only with `max_attempts` above 1",
+        f"exit codes {MIN_RETRY_EXIT_CODE} to {MAX_RETRY_EXIT_CODE}, each once; "
+        "only with `max_attempts` above 1",
         ("MAX_RETRY_EXIT_CODE",),
     ),
     Limit(
