@@ -735,13 +735,16 @@ UPDATE schedules s
 
 # As PAUSE_SCHEDULE, removing the schedule and its slots' records (the jobs it fired stay).
 # Answer: one row, the schedule as it was (id, name, cron, tz, job, concurrency_policy,
-# starting_deadline_s, paused, owner).
+# starting_deadline_s, paused, owner, and its slots fired and skipped, read in the statement's
+# snapshot, before the records go with it).
 REMOVE_SCHEDULE = once(
     "remove_schedule",
     """
-DELETE FROM schedules
+DELETE FROM schedules s
  WHERE name = $1::text AND ($2::text IS NULL OR owner = $2::text) AND EXISTS (SELECT FROM fresh)
-RETURNING id, name, cron, tz, job, concurrency_policy, starting_deadline_s, paused, owner
+RETURNING id, name, cron, tz, job, concurrency_policy, starting_deadline_s, paused, owner,
+          (SELECT count(*) FROM schedule_slots WHERE schedule_id = s.id AND outcome = 'fired') AS fired,
+          (SELECT count(*) FROM schedule_slots WHERE schedule_id = s.id AND outcome = 'skipped') AS skipped
 """,
     params=2,
     action="schedule_remove",
