@@ -195,6 +195,9 @@ async def test_a_batch_stores_a_gang_beside_an_array_and_a_job_after_the_gang(cl
     assert rows[report]["after_ids"] == [gang_id] and gang_id < report
     assert (rows[report]["state"], rows[report]["reason"]) == ("waiting", f"waiting for job {gang_id}")
 
+    info = await cluster.cp.call("get_job", pb.GetJobRequest(job_id=tasks[1]))
+    assert (info.spec.tasks, info.spec.spread, info.gang.size) == (3, True, 3)
+
     placed = await cluster.place(*tasks)
     for task in tasks[:2]:
         await cluster.succeed(task, placed[task])
