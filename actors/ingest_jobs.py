@@ -256,6 +256,8 @@ class JobHandlers(AdmittedService):
                         rpc_caller().scope,
                         highest if rpc_caller().priority_capped else None,
                         [queries.resources_json(j) for j in jobs],
+                        [j.tasks for j in jobs],
+                        [j.spread for j in jobs],
                     ),
                     key=key,
                     digest=digest,
@@ -271,7 +273,7 @@ class JobHandlers(AdmittedService):
                     f"specs[{index}].priority", exc.value, exc.rule, detail=exc.detail
                 ) from None
             if not done.replayed:
-                # An array counts as its tasks against the queue's limit.
+                # An array or a gang counts as its tasks against the queue's limit.
                 self.pending_jobs += sum(int(r.get("tasks", 1)) for r in done.answer)
         # In the request's order (answers stored before the batch's positions: ids in order).
         job_ids = [int(r["id"]) for r in sorted(done.answer, key=lambda r: (r.get("n", 0), r["id"]))]

@@ -25,8 +25,12 @@ def _exit_code(row: Any) -> dict[str, Any]:
 
 def job_info(row: Any, *, env_values: bool) -> pb.JobInfo:
     """A ``JobInfo`` from a row of :data:`actors.queries.GET_JOB`; without ``env_values`` its
-    spec's environment values are :data:`runtime.jobs.HIDDEN_ENV_VALUE` (its names kept)."""
+    spec's environment values are :data:`runtime.jobs.HIDDEN_ENV_VALUE` (its names kept). A
+    gang's task's spec holds the gang's ``tasks`` and ``spread`` (kept in ``gangs``, not in the
+    task's row), so it reads back as the gang that was submitted."""
     spec = queries.job_spec_of(row)
+    if row.get("gang_id") is not None:
+        spec = attrs.evolve(spec, tasks=int(row["gang_size"]), spread=bool(row["gang_spread"]))
     info = pb.JobInfo(
         job_id=row["id"],
         spec=job_spec_to_pb(spec if env_values else spec.env_values_hidden()),
@@ -70,12 +74,15 @@ def array_counts(rows: list[Any]) -> list[pb.JobCount]:
 
 
 def attempt_info(row: Any) -> pb.Attempt:
-    """An ``Attempt`` from a row of :data:`actors.queries.JOB_ATTEMPTS`."""
+    """An ``Attempt`` from a row of :data:`actors.queries.JOB_ATTEMPTS` (``units``: JSON
+    {resource: [unit, ...]} of the device units it holds or held)."""
+    held = json.loads(row["units"]) if isinstance(row.get("units"), str) else row.get("units") or {}
     return pb.Attempt(
         assignment_id=row["id"],
         **columns(row, "worker_id", "epoch", "state", "end_reason", "detail", "counted"),
         **or_unset(row, 0.0, "created_unix_s", "ended_unix_s"),
         **_exit_code(row),
+        units=[pb.ResourceUnits(name=name, units=list(units)) for name, units in sorted(held.items())],
     )
 
 

@@ -65,11 +65,12 @@ def schedule_info(row: Any, *, env_values: bool) -> pb.ScheduleInfo:
         starting_deadline_s=int(row["starting_deadline_s"]),
     )
     info = pb.ScheduleInfo(id=int(row["id"]), spec=spec, paused=bool(row["paused"]), owner=row["owner"])
+    if row.get("fired") is not None:  # a listed row, or a removal's answer: its slots' counts
+        info.fired = int(row["fired"])
+        info.skipped = int(row["skipped"])
     if row.get("slots_through") is not None:  # a listed row, not a removal's answer
         info.created_at_ms = _ms(row["created_at"])
         info.last_slot_at_ms = _ms(row["last_slot_at"])
-        info.fired = int(row["fired"])
-        info.skipped = int(row["skipped"])
         info.last_job_id = int(row["last_job_id"] or 0)
         info.last_skip_reason = row["last_skip_reason"] or ""
         if not row["paused"]:

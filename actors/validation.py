@@ -298,12 +298,15 @@ LIMITS = (
     ),
     Limit(
         "job `retry_on_exit` (`--retry-on-exit`)",
-        f"exit codes {MIN_RETRY_EXIT_CODE} to {MAX_RETRY_EXIT_CODE}, each once",
+        f"exit codes {MIN_RETRY_EXIT_CODE} to {MAX_RETRY_EXIT_CODE}, each once; "
+        "only with `max_attempts` above 1",
         ("MAX_RETRY_EXIT_CODE",),
     ),
     Limit(
         "job `no_retry_on` (`--no-retry-on`)",
-        "failure reasons, each once: " + ", ".join(f"`{r}`" for r in FAILURE_REASONS),
+        "failure reasons, each once: "
+        + ", ".join(f"`{r}`" for r in FAILURE_REASONS)
+        + "; only with `max_attempts` above 1",
         (),
     ),
     Limit(
@@ -323,7 +326,7 @@ LIMITS = (
     Limit(
         "`specs` of one SubmitJobs request (`stockade jobs` splits larger batches)",
         f"1 to {_n(MAX_BATCH_JOBS)} jobs, and at most {_n(MAX_BATCH_JOBS)} rows with each array's "
-        "tasks counted",
+        "and gang's tasks counted",
         ("MAX_BATCH_JOBS",),
     ),
     Limit(

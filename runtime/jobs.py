@@ -426,7 +426,8 @@ class JobSpec:
             InvalidArgument: the first field that is empty, too long, out of range or holds a
                 NUL byte (or a control character, in the name), or no runtime; the field is
                 named as on the wire (``name``, ``sleep.duration_ms``, ``command.argv[2]``,
-                ``container.image``, ``runtime``).
+                ``container.image``, ``runtime``); a failure policy (``retry_on_exit``,
+                ``no_retry_on``) with ``max_attempts`` 1, under which it could retry nothing.
         """
         check_text("name", self.name, max_bytes=MAX_NAME_BYTES, printable=True)
         check_int_between("cpu_millis", self.cpu_millis, 1, MAX_CPU_MILLIS)
@@ -445,6 +446,15 @@ class JobSpec:
                     raise InvalidArgument(
                         field, value, f"must be at least {low} for a container job (the engine's floor)"
                     )
+        # A failure policy only chooses which failures are retried: with one attempt none is.
+        for field, policy in (
+            ("retry_on_exit", list(self.retry_on_exit)),
+            ("no_retry_on", list(self.no_retry_on)),
+        ):
+            if policy and self.max_attempts == 1:
+                raise InvalidArgument(
+                    field, policy, "needs max_attempts above 1 (max_attempts is 1: no retry could happen)"
+                )
         return self
 
     def _check_lifecycle(self) -> None:

@@ -34,8 +34,7 @@ MAX_LIST_LIMIT = 10_000
 """The most jobs one ListJobs may ask for (``stockade list --limit``)."""
 MAX_BATCH_JOBS = 10_000
 """The most jobs of one SubmitJobs (``stockade jobs`` splits larger batches)."""
-BATCH_ROWS_RULE = f"must hold at most {MAX_BATCH_JOBS} jobs, each array's tasks counted"
-BATCH_GANG_RULE = "must be unset in a batch (submit a gang with SubmitJob, one per call)"
+BATCH_ROWS_RULE = f"must hold at most {MAX_BATCH_JOBS} jobs, each array's and gang's tasks counted"
 MAX_IDEMPOTENCY_KEY_BYTES = 128
 """The longest idempotency key of a mutating call, in bytes of UTF-8."""
 MAX_TAIL_LINES = 100_000
@@ -65,7 +64,7 @@ def check_jobs(specs: Sequence[JobSpec]) -> list[JobSpec]:
 
     Raises:
         InvalidArgument: an empty or too large batch (more than :data:`MAX_BATCH_JOBS` jobs, or
-            rows with each array's tasks counted), a bad job, or jobs that name each other
+            rows with each array's and gang's tasks counted), a bad job, or jobs that name each other
             wrongly (:func:`pipeline_order`); the field is named with its index, e.g.
             ``specs[3].cpu_millis``.
     """
@@ -100,11 +99,9 @@ def check_jobs_steps(
             job = spec_of(spec).check()
         except InvalidArgument as exc:
             raise InvalidArgument(f"specs[{index}].{exc.field}", exc.value, exc.rule) from None
-        rows += 1 if job.array is None else job.array.tasks
+        rows += job.array.tasks if job.array is not None else job.tasks or 1
         if rows > MAX_BATCH_JOBS:
             raise InvalidArgument("specs", f"{rows} rows by specs[{index}]", BATCH_ROWS_RULE)
-        if job.tasks is not None:
-            raise InvalidArgument(f"specs[{index}].tasks", job.tasks, BATCH_GANG_RULE)
         checked.append(job)
         if (index + 1) % step_jobs == 0:
             yield

@@ -100,16 +100,18 @@ inserted AS (
 # each after those it waits for; runtime.validation.pipeline_order); $25 their owner (the
 # caller's account), $26 the one account whose jobs they may name (as SUBMIT_JOB's $24), $27
 # their highest priority when held to the owner's max_priority (as SUBMIT_JOB's $25), $28 the
-# devices each asks (JSON {name: count}; as SUBMIT_JOB's $26); then the audit's, the idempotency
-# key and the request's sha256 (see once). One statement: all jobs or
+# devices each asks (JSON {name: count}; as SUBMIT_JOB's $26), $29 each gang's tasks (NULL: not a
+# gang; as SUBMIT_JOB's $27), $30 whether they spread (as SUBMIT_JOB's $28); then the audit's,
+# the idempotency key and the request's sha256 (see once). One statement: all jobs or
 # none; none when a job names a dependency that does not exist. The ids of all rows (a job, or
-# each task of an array) are drawn first, then handed out in ascending order by the order of
-# storing (tasks by index), so a job's id is above those of the jobs of the batch it waits for
-# (jobs_after_older_check) whatever order nextval ran in; an array's id is its first task's.
-# A job naming jobs of the batch waits for their ids (an array's: all its tasks, as
+# each task of an array or a gang) are drawn first, then handed out in ascending order by the
+# order of storing (tasks by index or rank), so a job's id is above those of the jobs of the
+# batch it waits for (jobs_after_older_check) whatever order nextval ran in; an array's id is
+# its first task's, a gang's its rank 0 task's, with the gang's row as SUBMIT_JOB stores it.
+# A job naming jobs of the batch waits for their ids (an array's or a gang's: all its tasks, as
 # dependency_states reads it) with its other dependencies; a task beyond its array's limit
-# waits as SUBMIT_JOB's. Answer rows: id (the job's or the array's), n (its position in the
-# batch, from 1), tasks. Refused whole over the owner's max_priority or max_pending, as
+# waits as SUBMIT_JOB's. Answer rows: id (the job's, the array's or the gang's), n (its position
+# in the batch, from 1), tasks. Refused whole over the owner's max_priority or max_pending, as
 # SUBMIT_JOB (every row counts).
 SUBMIT_JOBS = once(
     "submit_jobs",
@@ -118,26 +120,29 @@ SELECT h.id, h.n, b.tasks FROM heads h JOIN batch b ON b.n = h.n
  WHERE h.id IN (SELECT id FROM inserted)
  ORDER BY h.n
 """,
-    params=28,
+    params=30,
     action="submit",
     steps="""batch AS (
     SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms, t.argv, t.image, t.max_attempts,
            t.backoff_ms, t.count_lost, t.timeout_ms, t.constraints, t.env, t.workdir, t.n,
            t.array_first, t.array_last, t.array_max_running, t.array_max_failed, t.ord, t.resources,
+           t.gang_tasks, t.spread,
            ARRAY(SELECT jsonb_array_elements_text(t.after_ids::jsonb)::bigint) AS after,
            ARRAY(SELECT jsonb_array_elements_text(t.retry_on_exit_json::jsonb)::int) AS retry_on_exit,
            ARRAY(SELECT jsonb_array_elements_text(t.no_retry_on_json::jsonb)) AS no_retry_on,
            ARRAY(SELECT jsonb_array_elements_text(t.after_ns_json::jsonb)::bigint) AS after_ns,
-           CASE WHEN t.array_first IS NULL THEN 1 ELSE t.array_last - t.array_first + 1 END AS tasks
+           CASE WHEN t.array_first IS NOT NULL THEN t.array_last - t.array_first + 1
+                ELSE coalesce(t.gang_tasks, 1) END AS tasks
       FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[], $6::bigint[], $7::text[],
                   $8::text[], $9::int[], $10::bigint[], $11::boolean[], $12::bigint[], $13::text[],
                   $14::text[], $15::text[], $16::text[], $17::text[], $18::text[], $19::int[],
-                  $20::int[], $21::int[], $22::int[], $23::text[], $24::int[], $28::text[])
+                  $20::int[], $21::int[], $22::int[], $23::text[], $24::int[], $28::text[],
+                  $29::int[], $30::boolean[])
            WITH ORDINALITY AS t(name, cpu, mem, prio, runtime, sleep_ms, argv, image, max_attempts,
                                 backoff_ms, count_lost, timeout_ms, constraints, env, workdir,
                                 after_ids, retry_on_exit_json, no_retry_on_json, array_first,
                                 array_last, array_max_running, array_max_failed, after_ns_json,
-                                ord, resources, n)
+                                ord, resources, gang_tasks, spread, n)
 ),
 deps AS (
     SELECT b.n, (SELECT count(*) FROM jobs d WHERE d.id = ANY(b.after)
@@ -151,18 +156,19 @@ queued AS (
     SELECT check_submission($25::text, (SELECT sum(tasks) FROM batch), $27::bigint) AS ok FROM fresh
 ),
 placed AS (
-    SELECT b.n, b.array_first, b.array_last,
+    SELECT b.n, b.array_first, b.array_last, b.gang_tasks,
            coalesce(sum(b.tasks) OVER (ORDER BY b.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
                     0) AS start
       FROM batch b
 ),
--- One row per row to store (a job, or each task of an array by index): its place k among the
--- ids drawn, counted from 1 in the order of storing.
+-- One row per row to store (a job, or each task of an array by index, of a gang by rank): its
+-- place k among the ids drawn, counted from 1 in the order of storing.
 expanded AS (
     SELECT p.n, i AS array_index, i - coalesce(p.array_first, 0) + 1 AS pos,
            p.start + i - coalesce(p.array_first, 0) + 1 AS k
       FROM placed p
-     CROSS JOIN LATERAL generate_series(coalesce(p.array_first, 0), coalesce(p.array_last, 0)) AS i
+     CROSS JOIN LATERAL generate_series(coalesce(p.array_first, 0),
+                                        coalesce(p.array_last, p.gang_tasks - 1, 0)) AS i
 ),
 drawn AS (
     SELECT row_number() OVER (ORDER BY x.id) AS k, x.id
@@ -172,6 +178,11 @@ drawn AS (
 ),
 heads AS (
     SELECT p.n, d.id FROM placed p JOIN drawn d ON d.k = p.start + 1
+),
+gang AS (
+    INSERT INTO gangs (id, size, spread, max_attempts)
+    SELECT h.id, b.gang_tasks, b.spread, b.max_attempts
+      FROM heads h JOIN batch b ON b.n = h.n WHERE b.gang_tasks IS NOT NULL
 ),
 named AS (
     SELECT b.n, array_agg(h.id ORDER BY h.id) AS ids
@@ -193,7 +204,7 @@ inserted AS (
                       max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env,
                       workdir, after_ids, array_id, array_index, array_max_running,
                       array_max_failed, state, reason, pending_seq, owner, retry_on_exit,
-                      no_retry_on, resources)
+                      no_retry_on, resources, gang_id, gang_rank)
     SELECT r.id, r.name, r.cpu, r.mem, r.prio, r.runtime, r.sleep_ms,
            CASE WHEN r.argv IS NULL THEN NULL
                 ELSE ARRAY(SELECT jsonb_array_elements_text(r.argv::jsonb)) END,
@@ -211,7 +222,9 @@ inserted AS (
                 WHEN coalesce(r.array_max_running, 0) > 0 AND r.pos > r.array_max_running
                 THEN 'array limit: ' || r.array_max_running || ' running'
                 ELSE '' END,
-           nextval('pending_seq'), $25::text, r.retry_on_exit, r.no_retry_on, r.resources::jsonb
+           nextval('pending_seq'), $25::text, r.retry_on_exit, r.no_retry_on, r.resources::jsonb,
+           CASE WHEN r.gang_tasks IS NULL THEN NULL ELSE r.head_id END,
+           CASE WHEN r.gang_tasks IS NULL THEN NULL ELSE r.array_index END
       FROM rows_ r
      CROSS JOIN LATERAL (
          SELECT ARRAY(SELECT u FROM unnest(r.unfinished || r.batch_after) AS u ORDER BY u) AS ids
@@ -722,13 +735,16 @@ UPDATE schedules s
 
 # As PAUSE_SCHEDULE, removing the schedule and its slots' records (the jobs it fired stay).
 # Answer: one row, the schedule as it was (id, name, cron, tz, job, concurrency_policy,
-# starting_deadline_s, paused, owner).
+# starting_deadline_s, paused, owner, and its slots fired and skipped, read in the statement's
+# snapshot, before the records go with it).
 REMOVE_SCHEDULE = once(
     "remove_schedule",
     """
-DELETE FROM schedules
+DELETE FROM schedules s
  WHERE name = $1::text AND ($2::text IS NULL OR owner = $2::text) AND EXISTS (SELECT FROM fresh)
-RETURNING id, name, cron, tz, job, concurrency_policy, starting_deadline_s, paused, owner
+RETURNING id, name, cron, tz, job, concurrency_policy, starting_deadline_s, paused, owner,
+          (SELECT count(*) FROM schedule_slots WHERE schedule_id = s.id AND outcome = 'fired') AS fired,
+          (SELECT count(*) FROM schedule_slots WHERE schedule_id = s.id AND outcome = 'skipped') AS skipped
 """,
     params=2,
     action="schedule_remove",

@@ -52,13 +52,17 @@ ARRAY_COUNTS = """
 SELECT state, count(*)::bigint AS count FROM jobs WHERE array_id = $1 GROUP BY state
 """
 
-# $1 job id. Its runs (assignments), oldest first.
+# $1 job id. Its runs (assignments), oldest first, each with the device units it holds or held
+# (units: JSON {resource: [unit, ...]}, numbers in their order; NULL: none).
 JOB_ATTEMPTS = """
 SELECT id, worker_id, epoch, state, coalesce(end_reason, '') AS end_reason, exit_code,
        extract(epoch FROM created_at)::float8 AS created_unix_s,
        extract(epoch FROM ended_at)::float8 AS ended_unix_s,
-       coalesce(detail, '') AS detail, counted
-  FROM assignments WHERE job_id = $1 ORDER BY id
+       coalesce(detail, '') AS detail, counted,
+       (SELECT jsonb_object_agg(u.resource, u.units)::text
+          FROM (SELECT resource, jsonb_agg(unit ORDER BY length(unit), unit) AS units FROM assignment_units
+                 WHERE assignment_id = a.id GROUP BY resource) u) AS units
+  FROM assignments a WHERE job_id = $1 ORDER BY id
 """
 
 # $1 job id, $2 the only owner whose job it reads (NULL: any). The job's history (GetJobEvents),

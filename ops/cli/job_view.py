@@ -58,6 +58,7 @@ def print_job(info: Job, tails: list[OutputTail]) -> None:
         ),
         *((("schedule", schedule_text(info)),) if info.schedule else ()),
         ("assignment", str(info.assignment_id or "-")),
+        *((("devices", devices),) if (devices := devices_text(info)) else ()),
         ("epoch", str(info.epoch or "-")),
         *lifecycle_rows(info),
         ("exit code", str(info.exit_code) if info.exit_code is not None else "-"),
@@ -97,6 +98,16 @@ def print_job(info: Job, tails: list[OutputTail]) -> None:
         )
         for line in output.tail.lines:
             console().print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def devices_text(info: Job) -> str:
+    """The device units its latest run holds (``gpu 0,3``; several resources separated by ``;``),
+    ``(freed)`` after them once that run ended; empty when it holds none (docs/devices.md)."""
+    run = next((a for a in reversed(info.attempt_history) if a.assignment_id == info.assignment_id), None)
+    if run is None or not run.units:
+        return ""
+    held = "; ".join(f"{name} {','.join(units)}" for name, units in run.units)
+    return held if run.state == "active" else f"{held} (freed: its run ended)"
 
 
 def lifecycle_rows(info: Job) -> list[tuple[str, str]]:

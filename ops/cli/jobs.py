@@ -656,32 +656,43 @@ CANCEL_POLL_S = 0.2
 
 async def _cancel(
     client: Client, job_id: int, *, task_only: bool, wait_s: float, key: str
-) -> tuple[Job | None, int]:
-    """``stockade cancel``'s call: cancel the job (or array), then read it until it has ended
-    (every task of an array), at most ``wait_s``: the job as last read (None: ``wait_s`` passed
-    first), and how many tasks of an array the cancel reached (0: a job)."""
+) -> tuple[Job | None, int, int | None]:
+    """``stockade cancel``'s call: cancel the job (or array, or gang), then read it until it has
+    ended (every task of an array), at most ``wait_s``: the job as last read (None: ``wait_s``
+    passed first), how many tasks of an array or a gang the cancel reached (0: a job), and the
+    gang's id when ``job_id`` is a gang's task (None: not one)."""
     import trio
 
     from ops.client.results import OPEN_STATES
     from runtime.errors import TemporaryError
 
     outcome = await client.cancel(job_id, only_this_task=task_only, idempotency_key=key)
+    first = await client.get(job_id)
+    gang_id = None if first.gang is None else first.gang.gang_id
 
     def ended(job: Job) -> bool:
-        if outcome.tasks:
+        if outcome.tasks and gang_id is None:
             return not any(count for state, count in job.array_counts if state in OPEN_STATES)
         return job.ended
 
     if outcome.state != "cancelling":
-        return await client.get(job_id), outcome.tasks
+        return first, outcome.tasks, gang_id
     with trio.move_on_after(wait_s):
         while True:
             with contextlib.suppress(TemporaryError):  # a replica failing over: ask again
                 job = await client.get(job_id)
                 if ended(job):
-                    return job, outcome.tasks
+                    return job, outcome.tasks, gang_id
             await trio.sleep(CANCEL_POLL_S)
-    return None, outcome.tasks
+    return None, outcome.tasks, gang_id
+
+
+def gang_cancel_verdict(gang_id: int, tasks: int, job: Job | None) -> str:
+    """What a cancel of ``tasks`` tasks of a gang came to (``gang 118: 4 tasks cancelled``);
+    ``job`` (the task named, or None: the wait ran out) tells whether they ended."""
+    if job is not None and job.ended:
+        return f"gang {gang_id}: {tasks} tasks cancelled"
+    return f"gang {gang_id}: cancelling {tasks} tasks"
 
 
 @app.command("cancel")
@@ -708,7 +719,8 @@ def cancel(
     control_planes: ControlPlanesOption = None,
 ) -> None:
     """Cancel a job: at once while pending or waiting, through its worker once placed. The id
-    of an array cancels every task of it that has not ended (another task's id: that task).
+    of an array cancels every task of it that has not ended (another task's id: that task); any
+    task of a gang cancels the whole gang (``gang 118: 4 tasks cancelled``).
 
     Says what happened: ``cancelled``; or, when the job ended on its own before its worker
     got the cancel, its real end (``succeeded`` or ``failed``, with the exit code), which
@@ -720,10 +732,13 @@ def cancel(
         validation.check_job_id(job_id)
         key = idempotency_key_of(idempotency_key)
         with answer_unknown(key, "recorded the cancel"):
-            job, array_tasks = with_client(
+            job, array_tasks, gang_id = with_client(
                 control_plane_addresses(control_planes),
                 lambda client: _cancel(client, job_id, task_only=task_only, wait_s=wait_s, key=key),
             )
+    if array_tasks and gang_id is not None:
+        console().print(gang_cancel_verdict(gang_id, array_tasks, job))
+        return
     if array_tasks:
         console().print(array_cancel_verdict(job_id, array_tasks, job))
         return

@@ -173,8 +173,8 @@ class Client:
         they are stored after those, which the transaction resolves to the ids it assigns.
 
         Args:
-            specs: the jobs, 1 to 10,000, arrays among them (10,000 rows with each array's
-                tasks counted).
+            specs: the jobs, 1 to 10,000, arrays and gangs among them (10,000 rows with each
+                array's and gang's tasks counted).
             idempotency_key: this call's key, as in :meth:`submit`.
 
         Returns:

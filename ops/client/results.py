@@ -54,6 +54,9 @@ class Attempt:
     """What the worker said of its end (``exit code 1``, ``oom_killed: ...``)."""
     counted: bool
     """Whether it spent one of the job's ``max_attempts``."""
+    units: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """The device units it holds (held, once ended) on its worker, (name, unit ids) sorted by
+    name (docs/devices.md); empty: none."""
 
 
 @attrs.frozen(kw_only=True)
@@ -464,7 +467,7 @@ def _exit_code(message: Any) -> int | None:
 
 def attempt_from_pb(message: pb.Attempt) -> Attempt:
     """An ``Attempt`` message as an :class:`Attempt`."""
-    return _from_pb(Attempt, message, exit_code=_exit_code(message))
+    return _from_pb(Attempt, message, exit_code=_exit_code(message), units=_units(message.units))
 
 
 def job_from_pb(message: pb.JobInfo) -> Job:

@@ -212,3 +212,22 @@ async def test_an_unconfirmed_assignment_is_sent_again_with_its_units(db: PgConn
     delivery = _delivery(row)
     assert delivery.assignment.units == (("gpu", ("0", "2")),)
     assert assignment_message(delivery.assignment).units == [pb.ResourceUnits(name="gpu", units=["0", "2"])]
+
+
+async def test_a_jobs_attempts_name_the_units_each_run_holds(db: PgConnection, database_url: str) -> None:
+    """GetJob's attempts (JOB_ATTEMPTS) carry the units each run holds, numbers in order; a run
+    of a job asking none carries none."""
+    from actors.ingest_replies import attempt_info
+
+    await register(db, "w-1", {"gpu": [str(n) for n in range(12)]})
+    first = await submit(db, "a", {"gpu": 10})
+    second = await submit(db, "b", {"gpu": 2})
+    plain = await submit(db, "c", {})
+    async with placer_with_ledger(database_url, SETTINGS) as placer:
+        await placer.round(1)
+    runs = {
+        j: [attempt_info(r) for r in await db.fetch(queries.JOB_ATTEMPTS, j)] for j in (first, second, plain)
+    }
+    assert [(u.name, u.units) for u in runs[first][0].units] == [("gpu", [str(n) for n in range(10)])]
+    assert [(u.name, u.units) for u in runs[second][0].units] == [("gpu", ["10", "11"])]
+    assert runs[plain][0].units == []

@@ -131,7 +131,7 @@ async def test_a_run_lost_with_its_worker_spends_nothing_whatever_the_policy(clu
     """A run lost with its worker is no failure: the job with a retry_on_exit is pending
     again with no attempt spent (unless count_lost, as before)."""
     old = await cluster.register()
-    job_id = await cluster.submit(max_attempts=1, retry_on_exit=(1,), no_retry_on=("timeout",))
+    job_id = await cluster.submit(max_attempts=2, retry_on_exit=(1,), no_retry_on=("timeout",))
     await cluster.place(job_id, "w-1", old)
     await cluster.register()  # a new incarnation: the old one's runs are lost
     await cluster.admin.fetchrow(queries.END_ORPHANED_ASSIGNMENTS, EPOCH, [], 500)

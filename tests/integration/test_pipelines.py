@@ -1,4 +1,4 @@
-"""Pipelines on a real PostgreSQL: one SubmitJobs holding jobs and arrays that name each other in
+"""Pipelines on a real PostgreSQL: one SubmitJobs holding jobs, arrays and gangs that name each other in
 ``after_names``, stored all or none in one transaction with their names resolved to the ids it
 assigns (queries.SUBMIT_JOBS), then settled by the leader's statements run by hand, as in
 ``test_dependencies``.
@@ -24,7 +24,14 @@ from runtime.errors import InvalidArgument
 EPOCH = 1
 
 
-def job(name: str, *after_names: str, after: tuple[int, ...] = (), tasks: int = 0) -> pb.JobSpec:
+def job(
+    name: str,
+    *after_names: str,
+    after: tuple[int, ...] = (),
+    tasks: int = 0,
+    gang: int = 0,
+    spread: bool = False,
+) -> pb.JobSpec:
     spec = pb.JobSpec(
         name=name,
         cpu_millis=100,
@@ -32,6 +39,8 @@ def job(name: str, *after_names: str, after: tuple[int, ...] = (), tasks: int = 
         command=pb.CommandRuntime(argv=["true"]),
         after=list(after),
         after_names=list(after_names),
+        tasks=gang,
+        spread=spread,
     )
     if tasks:
         spec.array = pb.JobArray(first_index=0, last_index=tasks - 1)
@@ -61,13 +70,19 @@ class Cluster:
             self.incarnation = int(reply.incarnation)
         return self.incarnation
 
-    async def finish(self, job_id: int) -> None:
-        """Place ``job_id`` on w-1 and report its success."""
+    async def finish(self, *job_ids: int) -> None:
+        """Place ``job_ids`` on w-1 in one commit (a gang's tasks: all of them) and report each
+        one's success."""
+        for job_id, assignment_id in (await self.place(*job_ids)).items():
+            await self.succeed(job_id, assignment_id)
+
+    async def place(self, *job_ids: int) -> dict[int, int]:
+        """Place ``job_ids`` on w-1 in one commit: job id -> assignment id."""
         rows = await self.admin.fetch(
             queries.COMMIT_PLACEMENTS,
-            [job_id],
-            ["w-1"],
-            [await self.worker()],
+            list(job_ids),
+            ["w-1"] * len(job_ids),
+            [await self.worker()] * len(job_ids),
             EPOCH,
             True,
             [],
@@ -76,9 +91,14 @@ class Cluster:
             [],
             [],
         )
-        assert rows[0]["assignment_id"] is not None, f"job {job_id} was not pending"
+        placed = {int(r["id"]): r["assignment_id"] for r in rows}
+        assert None not in placed.values() and len(placed) == len(job_ids), f"not all pending: {job_ids}"
+        return {job_id: int(placed[job_id]) for job_id in job_ids}
+
+    async def succeed(self, job_id: int, assignment_id: int) -> None:
+        """Report the success of ``job_id``'s run ``assignment_id``."""
         outcome = pb.JobOutcome(
-            assignment_id=int(rows[0]["assignment_id"]),
+            assignment_id=assignment_id,
             job_id=job_id,
             state="succeeded",
             has_exit_code=True,
@@ -107,7 +127,8 @@ class Cluster:
 
     async def rows(self) -> dict[int, dict[str, Any]]:
         found = await self.admin.fetch(
-            "SELECT id, name, state, reason, after_ids, array_id, array_index FROM jobs ORDER BY id"
+            "SELECT id, name, state, reason, after_ids, array_id, array_index, gang_id, gang_rank"
+            " FROM jobs ORDER BY id"
         )
         return {int(r["id"]): dict(r) for r in found}
 
@@ -152,6 +173,42 @@ async def test_a_three_stage_pipeline_is_stored_with_its_dependencies_and_runs_i
     assert await cluster.pending() == [collect]
 
 
+async def test_a_batch_stores_a_gang_beside_an_array_and_a_job_after_the_gang(cluster: Cluster) -> None:
+    """A gang of 3 (spread), an array of 2 and a job after the gang by name, in one call: the
+    reply gives the gang's id (its rank 0 task's) in the gang's place; the gang's row is stored
+    as SubmitJob stores it; the dependent waits for the gang's id and is pending only once every
+    one of the gang's tasks succeeded."""
+    gang_id, shards, report = await cluster.submit(
+        job("train", gang=3, spread=True), job("shards", tasks=2), job("report", "train")
+    )
+    rows = await cluster.rows()
+    assert len(rows) == 6
+    tasks = sorted(i for i, r in rows.items() if r["gang_id"] == gang_id)
+    assert tasks[0] == gang_id and [rows[t]["gang_rank"] for t in tasks] == [0, 1, 2]
+    assert all(rows[t]["array_id"] is None and rows[t]["state"] == "pending" for t in tasks)
+    assert rows[shards]["array_id"] == shards and rows[shards]["gang_id"] is None
+    gang = await cluster.admin.fetchrow(
+        "SELECT size, spread, max_attempts, state FROM gangs WHERE id = $1", gang_id
+    )
+    assert gang is not None and dict(gang) == {"size": 3, "spread": True, "max_attempts": 1, "state": "live"}
+    assert await cluster.admin.fetchval("SELECT count(*) FROM gangs") == 1
+    assert rows[report]["after_ids"] == [gang_id] and gang_id < report
+    assert (rows[report]["state"], rows[report]["reason"]) == ("waiting", f"waiting for job {gang_id}")
+
+    info = await cluster.cp.call("get_job", pb.GetJobRequest(job_id=tasks[1]))
+    assert (info.spec.tasks, info.spec.spread, info.gang.size) == (3, True, 3)
+
+    placed = await cluster.place(*tasks)
+    for task in tasks[:2]:
+        await cluster.succeed(task, placed[task])
+    await cluster.settle()
+    assert (await cluster.rows())[report]["state"] == "waiting"
+    await cluster.succeed(tasks[2], placed[tasks[2]])
+    await cluster.settle()
+    assert (await cluster.rows())[report]["state"] == "pending"
+    assert (await cluster.admin.fetchval("SELECT state FROM gangs WHERE id = $1", gang_id)) == "succeeded"
+
+
 async def test_a_pipeline_submitted_again_with_its_key_stores_nothing_twice(cluster: Cluster) -> None:
     """The same pipeline sent twice under one idempotency key gets the first answer, and the
     jobs are stored once."""
@@ -189,6 +246,27 @@ async def test_a_pipeline_that_does_not_resolve_is_refused_whole(
     with pytest.raises(InvalidArgument, match=message):
         await cluster.submit(*specs)
     assert await cluster.rows() == {}
+
+
+@pytest.mark.parametrize(
+    ("specs", "message"),
+    [
+        ((job("a"), job("g", gang=257)), r"^specs\[1\]\.tasks must be between 1 and 256, got 257"),
+        ((job("g", gang=2, tasks=2),), r"^specs\[0\]\.tasks .*cannot be combined with array"),
+        ((job("a"), job("b", spread=True)), r"^specs\[1\]\.spread .*applies only to a gang"),
+        ((job("a"), *[job(f"g{n}", gang=256) for n in range(40)]), r"^specs .*each array's and gang's tasks"),
+    ],
+)
+async def test_a_batch_with_a_bad_gang_is_refused_whole(
+    cluster: Cluster, specs: tuple[pb.JobSpec, ...], message: str
+) -> None:
+    """A gang of too many tasks, a gang that is an array too, spread without a gang, or gangs
+    that take the batch over its rows (each task counted) are refused naming the job's field,
+    and nothing is stored."""
+    with pytest.raises(InvalidArgument, match=message):
+        await cluster.submit(*specs)
+    assert await cluster.rows() == {}
+    assert await cluster.admin.fetchval("SELECT count(*) FROM gangs") == 0
 
 
 async def test_submit_job_refuses_after_names(cluster: Cluster) -> None:

@@ -127,3 +127,22 @@ async def test_a_viewer_may_only_list_and_a_user_not_change_anothers(database_ur
         mine = await call(address, certs, "bob", "list_schedules", pb.ListSchedulesRequest())
         assert mine.schedules == []
     assert await fetch(database_url, "SELECT paused FROM schedules") == [(False,)]
+
+
+async def test_a_removal_answers_the_slots_the_schedule_fired_and_skipped(
+    database_url: str, certs: Path
+) -> None:
+    """The schedule a removal answers carries its real counts (2 fired, 1 skipped), read before
+    its slots' records went with it, not 0."""
+    async with mtls_control_plane(database_url, certs) as address:
+        added = await call(address, certs, "alice", "add_schedule", add_request())
+        await fetch(
+            database_url,
+            "INSERT INTO schedule_slots (schedule_id, slot_at, outcome, reason, job_id, epoch)"
+            " SELECT $1, now() - make_interval(mins => n), CASE WHEN n < 3 THEN 'fired' ELSE 'skipped' END,"
+            " '', CASE WHEN n < 3 THEN 900 + n END, 1 FROM generate_series(1, 3) AS n RETURNING 1",
+            added.id,
+        )
+        removed = await call(address, certs, "alice", "remove_schedule", by_name("tick"))
+        assert (removed.fired, removed.skipped) == (2, 1)
+    assert await fetch(database_url, "SELECT count(*) FROM schedule_slots") == [(0,)]

@@ -290,3 +290,44 @@ def test_the_events_say_which_schedule_fired_and_which_replaced_a_job() -> None:
     )
     assert event_text(cancel) == "a cancel was asked: replaced by schedule tick's slot 2026-12-05T22:00:02Z"
     assert event_text(JobEvent(**{**blank, "kind": "cancel_requested"})) == "a cancel was asked"
+
+
+def test_the_view_shows_the_device_units_the_run_holds() -> None:
+    """A running job's latest run holding GPUs 0 and 3 shows ``gpu 0,3``; once that run ended
+    they are named as freed; a job whose run holds none shows no devices row."""
+    from ops.cli.job_view import devices_text
+
+    info = pb.JobInfo(
+        job_id=9,
+        spec=job_spec_to_pb(SPEC),
+        state="running",
+        assignment_id=22,
+        attempt_history=[
+            pb.Attempt(assignment_id=21, state="finished", units=[pb.ResourceUnits(name="gpu", units=["1"])]),
+            pb.Attempt(
+                assignment_id=22,
+                state="active",
+                units=[
+                    pb.ResourceUnits(name="gpu", units=["0", "3"]),
+                    pb.ResourceUnits(name="nic", units=["a"]),
+                ],
+            ),
+        ],
+    )
+    assert devices_text(job_from_pb(info)) == "gpu 0,3; nic a"
+    info.attempt_history[1].state = "finished"
+    assert devices_text(job_from_pb(info)) == "gpu 0,3; nic a (freed: its run ended)"
+    assert devices_text(job_from_pb(RETRYING)) == ""
+
+
+def test_a_gang_tasks_json_keeps_its_tasks_and_spread() -> None:
+    """``stockade job ID --json`` of a gang's task holds ``tasks`` and ``spread`` (the control
+    plane gives them in the spec), so it is submitted again as the same gang."""
+    from ops.cli.render import job_json
+    from ops.jobfields import spec_of_table
+
+    gang = attrs.evolve(SPEC, max_attempts=1, tasks=4, spread=True)
+    info = pb.JobInfo(job_id=120, spec=job_spec_to_pb(gang), state="running")
+    shown = json.loads(json.dumps(job_json(job_from_pb(info))))
+    assert (shown["tasks"], shown["spread"]) == (4, True)
+    assert spec_of_table(shown) == gang

@@ -248,7 +248,8 @@ NOTHING_SENT: list[tuple[Callable[[Client], Awaitable[Any]], str]] = [
     ),
     (
         lambda c: c.submit_many([SPEC, job_spec(cpu_millis=1, memory_mb=1, sleep_s=1, array="1-10000")]),
-        "specs must hold at most 10000 jobs, each array's tasks counted, got '10001 rows by specs[1]'",
+        "specs must hold at most 10000 jobs, each array's and gang's tasks counted, "
+        "got '10001 rows by specs[1]'",
     ),
     (lambda c: c.get(0), "job_id must be between 1 and 9223372036854775807, got 0"),
     (lambda c: c.get(True), "job_id must be an integer, got True"),

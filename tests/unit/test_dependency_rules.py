@@ -127,6 +127,6 @@ def test_a_batch_may_hold_arrays_up_to_its_rows() -> None:
 
     assert len(check_jobs([SPEC, array(9999)])) == 2
     with pytest.raises(
-        InvalidArgument, match=r"^specs must hold at most 10000 jobs, each array's tasks counted"
+        InvalidArgument, match=r"^specs must hold at most 10000 jobs, each array's and gang's tasks counted"
     ):
         check_jobs([SPEC, array(3), array(9997)])

@@ -21,11 +21,20 @@ from runtime.wire_jobs import job_spec_from_pb, job_spec_to_pb
 
 
 def spec(**fields: Any) -> JobSpec:
+    """A command job with 3 attempts (a policy chooses among retries) and ``fields``."""
+    fields = {"max_attempts": 3, **fields}
     return JobSpec(name="j", cpu_millis=100, memory_mb=16, runtime=CommandRuntime(argv=("false",)), **fields)
 
 
 def options(**given: Any) -> dict[str, Any]:
-    return {"name": None, "cpu_millis": 100, "memory_mb": 16, "command": ("false",), **given}
+    return {
+        "name": None,
+        "cpu_millis": 100,
+        "memory_mb": 16,
+        "command": ("false",),
+        "max_attempts": "3",
+        **given,
+    }
 
 
 @pytest.mark.parametrize(
@@ -56,6 +65,36 @@ def test_a_bad_failure_policy_is_refused_naming_the_field_the_value_and_the_limi
     max_failed_tasks above the array's tasks are refused, each naming its field and value."""
     with pytest.raises(InvalidArgument, match=message):
         spec(**fields).check()
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"retry_on_exit": (1, 75)},
+            r"^retry_on_exit needs max_attempts above 1 \(max_attempts is 1: no retry could happen\), "
+            r"got \[1, 75\]$",
+        ),
+        ({"no_retry_on": ("timeout",)}, r"^no_retry_on needs max_attempts above 1 .*got \['timeout'\]$"),
+    ],
+)
+def test_a_policy_with_one_attempt_is_refused(fields: dict[str, Any], message: str) -> None:
+    """retry_on_exit or no_retry_on with max_attempts 1 could never change what happens (a failed
+    run ends the job whatever it is), so it is refused naming both fields and their values."""
+    with pytest.raises(InvalidArgument, match=message):
+        spec(max_attempts=1, **fields).check()
+    spec(max_attempts=2, **fields).check()
+
+
+def test_a_policy_with_one_attempt_is_refused_from_the_command_line_and_a_job_file() -> None:
+    """``--retry-on-exit 3`` without ``--max-attempts`` (1) is refused naming the option; a job
+    file's ``retry_on_exit`` likewise, naming its field."""
+    with pytest.raises(InvalidArgument, match=r"^--retry-on-exit needs max_attempts above 1"):
+        spec_of_options(options(retry_on_exit=["3"], max_attempts=None))
+    base = {"cpu_millis": 1, "memory_mb": 1, "command": ["x"]}
+    with pytest.raises(InvalidArgument, match=r"^retry_on_exit needs max_attempts above 1"):
+        spec_of_table({**base, "retry_on_exit": [3]})
+    assert spec_of_table({**base, "retry_on_exit": [3], "max_attempts": 2}).retry_on_exit == (3,)
 
 
 def test_a_policy_within_the_limits_is_accepted() -> None:
@@ -131,6 +170,7 @@ def test_submit_refuses_a_bad_policy_naming_its_option(given: dict[str, Any], me
 def test_a_job_file_refuses_a_policy_of_the_wrong_type() -> None:
     """retry_on_exit must be a list of whole numbers and no_retry_on a list of text."""
     base = {"cpu_millis": 1, "memory_mb": 1, "command": ["x"]}
+    base["max_attempts"] = 2
     with pytest.raises(InvalidArgument, match=r"^retry_on_exit must be a list of exit codes"):
         spec_of_table({**base, "retry_on_exit": 1})
     with pytest.raises(InvalidArgument, match=r"^retry_on_exit\[1\] must be a whole number"):

@@ -61,10 +61,20 @@ def test_a_gang_may_ask_devices_for_each_task() -> None:
     assert job_spec_from_pb(job_spec_to_pb(gang)).resources == (("gpu", 2),)
 
 
-def test_a_batch_refuses_a_gang() -> None:
-    """A gang is submitted with SubmitJob, one per call, as an array is."""
-    with pytest.raises(InvalidArgument, match=r"specs\[0\].tasks"):
-        check_jobs([attrs.evolve(SPEC, tasks=2)])
+def test_a_batch_holds_gangs_each_task_counted() -> None:
+    """A batch may hold gangs beside other jobs; their tasks count against the batch's rows, and
+    a bad gang is refused naming its index (``specs[1].tasks``)."""
+    assert check_jobs([SPEC, attrs.evolve(SPEC, tasks=2)])[1].tasks == 2
+    with pytest.raises(InvalidArgument, match=r"^specs\[1\]\.tasks must be between 1 and 256, got 0"):
+        check_jobs([SPEC, attrs.evolve(SPEC, tasks=0)])
+    with pytest.raises(InvalidArgument, match=r"^specs\[0\]\.spread"):
+        check_jobs([attrs.evolve(SPEC, spread=True)])
+    gangs = [attrs.evolve(SPEC, name=f"g{n}", tasks=256) for n in range(39)]
+    assert len(check_jobs([*gangs, attrs.evolve(SPEC, tasks=16)])) == 40  # 10,000 rows
+    with pytest.raises(
+        InvalidArgument, match=r"^specs .*gang's tasks counted, got '10001 rows by specs\[40\]'"
+    ):
+        check_jobs([*gangs, attrs.evolve(SPEC, tasks=16), SPEC, SPEC])
 
 
 def test_a_gang_tasks_environment_names_its_rank_size_port_and_peers() -> None:

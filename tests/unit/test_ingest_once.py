@@ -119,8 +119,8 @@ def test_a_request_digest_does_not_depend_on_the_slices_and_covers_every_field()
         {"priority": 1},
         {"runtime": SleepRuntime(duration_ms=1001)},
         {"runtime": CommandRuntime(argv=["true"])},
-        {"retry_on_exit": (1,)},
-        {"no_retry_on": ("timeout",)},
+        {"retry_on_exit": (1,), "max_attempts": 2},
+        {"no_retry_on": ("timeout",), "max_attempts": 2},
         {"after_names": ("a",)},
     ]
     for change in changes:

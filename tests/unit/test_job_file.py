@@ -420,3 +420,19 @@ def test_job_json_runs_again_as_the_same_spec(
     assert result.exit_code == 0, result.output
     ((sent,),) = calls
     assert job_spec_from_pb(sent) == EVERY_FIELD
+
+
+def test_a_file_holds_a_gang_beside_an_array_and_a_job_after_the_gang(tmp_path: Path) -> None:
+    """A gang (``tasks``, ``spread``) may sit in a file of several jobs; another job names it in
+    ``after``, and the whole file is one batch (:func:`runtime.validation.check_jobs`)."""
+    from runtime.validation import check_jobs, pipeline_order
+
+    text = (
+        '[[job]]\nname = "train"\ncpu_millis = 1\nmemory_mb = 1\nsleep_s = 1\ntasks = 4\nspread = true\n'
+        '[[job]]\nname = "shards"\ncpu_millis = 1\nmemory_mb = 1\nsleep_s = 1\narray = "0-1"\n'
+        '[[job]]\nname = "report"\ncpu_millis = 1\nmemory_mb = 1\nsleep_s = 1\nafter = ["train"]\n'
+    )
+    specs = read_job_file(write(tmp_path, "p.toml", text))
+    assert [(s.tasks, s.spread) for s in specs] == [(4, True), (None, False), (None, False)]
+    assert check_jobs(specs) == specs
+    assert specs[2].after_names == ("train",) and pipeline_order(specs) == [0, 1, 2]

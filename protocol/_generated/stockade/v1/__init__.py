@@ -271,6 +271,11 @@ class Attempt(betterproto2.Message):
     Whether it spent one of max_attempts.
     """
 
+    units: "list[ResourceUnits]" = betterproto2.field(12, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    The device units it holds (held, once ended) on its worker (docs/devices.md).
+    """
+
 
 default_message_pool.register_message("stockade.v1", "Attempt", Attempt)
 
