@@ -490,20 +490,19 @@ _STUCK = ("unschedulable", "quota:")
 
 
 def gang_rooms(rooms: Sequence[WorkerRoom], members: Iterable[str]) -> list[WorkerRoom]:
-    """``rooms`` as gangs may use them: a worker of ``members`` (out of trial and healthy) whose
-    send window is open takes as many of a round's gang tasks as fit its free room, however
-    little of the window is left; any other takes none. A gang (at most MAX_GANG_TASKS tasks)
-    larger than what the windows let one round place would otherwise wait forever, and a worker
-    on trial or on probation is not given a gang whose one failure breaks all of its tasks."""
+    """``rooms`` as gangs may use them: those of ``members`` (healthy workers, on trial or not),
+    a worker whose send window is open taking as many of a round's gang tasks as fit its free
+    room, however little of the window is left, one whose window is closed none for now. A gang
+    (at most MAX_GANG_TASKS tasks) larger than what the windows let one round place would
+    otherwise wait forever. The others (an unhealthy worker whose probe is due) are left out
+    altogether, so that no gang reserves them and their probe, a single job, can run."""
     full = set(members)
     return [
         attrs.evolve(
-            room,
-            placement_limit=None
-            if room.worker_id in full and (room.placement_limit is None or room.placement_limit > 0)
-            else 0,
+            room, placement_limit=None if room.placement_limit is None or room.placement_limit > 0 else 0
         )
         for room in rooms
+        if room.worker_id in full
     ]
 
 

@@ -235,7 +235,9 @@ def plan_round_steps(
         total_cpu = float(sum(r.cpu_millis for r in rooms))
         gangs = gangs_in_fair_order(gangs, shares, total_cpu, float(sum(r.memory_mb for r in rooms)))
     first, after = gangs_by_priority(gangs, queue, now)
-    members = {w.ref.worker_id for w in workers if not w.trial and not w.unhealthy}
+    # Workers on trial take gang tasks (a gang waiting for the end of a trial that only single
+    # jobs end, and reserving the workers they need, waited forever); unhealthy ones do not.
+    members = {w.ref.worker_id for w in workers if not w.unhealthy}
     gang_plan = GangPlan()
     if first:
         gang_plan = place_gangs(

@@ -164,16 +164,50 @@ def test_a_gang_larger_than_the_send_windows_is_placed_whole() -> None:
     assert sorted(p.job_id for p in plan.placements) == list(range(100, 110))
 
 
-def test_a_gang_takes_no_worker_whose_send_window_is_closed_or_that_is_on_trial() -> None:
-    """A worker whose window is used up (unconfirmed assignments) or that is on trial takes no
-    task of a gang; the others do."""
+def test_a_gang_takes_no_worker_whose_send_window_is_closed_or_that_is_unhealthy() -> None:
+    """A worker whose window is used up (unconfirmed assignments) or that is unhealthy with its
+    probe due takes no task of a gang; an idle worker on trial takes as many as fit."""
     closed = attrs.evolve(_worker(1, 16000, confirmed=0), unconfirmed=16)
-    trial = _worker(2, 16000, trial=True)
-    workers = [closed, trial, _worker(3, 4000)]
+    probing = attrs.evolve(_worker(2, 16000), unhealthy=True, probe_due=True)
+    workers = [closed, probing, _worker(3, 16000, confirmed=0, trial=True), _worker(4, 4000)]
     plan = plan_round(
-        _singles(), workers, PlacerSettings(), max_rows=100, now=NOW, gangs=_gangs(100, 4, 1000).whole()
+        _singles(), workers, PlacerSettings(), max_rows=100, now=NOW, gangs=_gangs(100, 8, 2000).whole()
     )
-    assert {p.worker_id for p in plan.placements} == {"w-3"}
+    assert {p.worker_id for p in plan.placements} == {"w-3", "w-4"}
+    assert len(plan.placements) == 8
+
+
+def test_a_gang_that_needs_every_worker_of_a_fresh_cluster_is_placed() -> None:
+    """Three idle workers, two on trial (never run a job): a spread gang of three takes all
+    three (a gang that waited for trials only single jobs could end, reserving the workers they
+    would have run on, waited forever)."""
+    workers = [
+        _worker(1, 4000),
+        _worker(2, 4000, confirmed=0, trial=True),
+        _worker(3, 4000, confirmed=0, trial=True),
+    ]
+    settings_ = PlacerSettings(max_reservations=1, reserve_after_s=0.0)
+    plan = plan_round(
+        _singles(100),
+        workers,
+        settings_,
+        max_rows=100,
+        now=NOW,
+        gangs=_gangs(100, 3, 1000, spread=True).whole(),
+    )
+    assert sorted(p.job_id for p in plan.placements if p.job_id >= 100) == [100, 101, 102]
+
+
+def test_an_unhealthy_worker_is_never_reserved_for_a_gang() -> None:
+    """A gang that needs more than the healthy workers hold waits without keeping the unhealthy
+    worker (whose probe is due) from its probe: the single job is placed there."""
+    probing = attrs.evolve(_worker(1, 4000), unhealthy=True, probe_due=True)
+    workers = [probing, _worker(2, 4000, 3000)]
+    settings_ = PlacerSettings(max_reservations=1, reserve_after_s=0.0)
+    plan = plan_round(
+        _singles(500), workers, settings_, max_rows=100, now=NOW, gangs=_gangs(100, 2, 2000).whole()
+    )
+    assert [(p.job_id, p.worker_id) for p in plan.placements] == [(1, "w-1")]
 
 
 def test_a_single_job_of_higher_priority_goes_before_a_gang() -> None:
