@@ -1,10 +1,12 @@
 """The packing benchmark's arithmetic: the job stream, the arrival times and their batched
-submission, the makespan bound, histogram quantiles, and the over-commit check on workers'
-logs."""
+submission, the makespan bound, histogram quantiles, the over-commit check on workers' logs,
+and the scale curve's gangs."""
 
 from __future__ import annotations
 
 import itertools
+import random
+import re
 import statistics
 from collections.abc import Sequence
 
@@ -21,8 +23,10 @@ from ops.bench.pack import (
     placer_figures,
     wait_figures,
 )
+from ops.bench.pack.queue import GANG_TASKS, check_shares, gang_sizes, gang_spec
 from ops.bench.pack.stream import WORKER_SHAPES, arrival_times, job_stream, lower_bound_s, submit_arriving
 from ops.checker import Run
+from runtime.errors import InvalidArgument
 
 
 def test_the_job_stream_is_seeded_and_mixed() -> None:
@@ -144,3 +148,34 @@ def test_the_placers_figures_are_read_from_real_metrics_text() -> None:
     assert figures.round_phases["commit"].p50_ms == pytest.approx(55.0)
     assert figures.round_phases["read"].p50_ms == pytest.approx(0.5)
     assert figures.round_phases["decide"] == PhaseFigures(p50_ms=None, p99_ms=None)
+
+
+@pytest.mark.parametrize("tasks", [0, 1, 2, 3, 9, 40, 1000])
+def test_gang_sizes_add_up_to_the_tasks_in_gangs_of_2_to_8(tasks: int) -> None:
+    """The sizes add up to the tasks asked (one short for a lone task: no gang of one), each 2 to 8."""
+    sizes = gang_sizes(tasks, random.Random(tasks))
+    assert sum(sizes) == (tasks if tasks != 1 else 0)
+    assert all(GANG_TASKS[0] <= size <= GANG_TASKS[1] for size in sizes)
+
+
+def test_every_third_gang_spreads_and_each_is_a_checked_gang_spec() -> None:
+    """Gang k has the tasks asked, spreads when k is a multiple of 3, and asks no devices."""
+    specs = [gang_spec(k, 4) for k in range(6)]
+    assert [s.spread for s in specs] == [True, False, False, True, False, False]
+    assert all(s.tasks == 4 and not s.resources for s in specs)
+
+
+@pytest.mark.parametrize(
+    ("device_share", "gang_share", "message"),
+    [
+        (0.0, 1.5, "--gang-share must be between 0 and 1, got 1.5"),
+        (-0.1, 0.0, "--device-share must be between 0 and 1, got -0.1"),
+        (0.75, 0.5, "--gang-share must be at most 1 - --device-share 0.75 = 0.25"),
+    ],
+)
+def test_shares_that_do_not_fit_one_queue_are_refused(
+    device_share: float, gang_share: float, message: str
+) -> None:
+    """A share outside 0 to 1, or a device and a gang share over 1 together, is refused by name."""
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        check_shares(device_share, gang_share)

@@ -115,6 +115,10 @@ class ScalePoint:
     """Accounts the pending jobs belong to (round-robin), with weights 1, 2 and 3 in turn."""
     device_share: float = 0.0
     """The share of the pending jobs that ask 1 to 4 gpu (the workers offer 8 each); 0: none."""
+    gang_share: float = 0.0
+    """The share of the pending jobs asked to be tasks of gangs of 2 to 8; 0: none."""
+    gang_tasks: int = 0
+    """How many of the pending jobs are gang tasks (``gang_share`` of them, in whole gangs)."""
 
 
 RATIO_KEYS = ("cpu_use_waiting", "memory_use_waiting", "finished_s")
@@ -274,7 +278,10 @@ def render(report: PackReport) -> Group:
             )
         )
     for point in report.scale:
-        devices = f" ({point.device_share:.0%} asking gpu)" if point.device_share else ""
+        mix = [f"{point.device_share:.0%} asking gpu"] if point.device_share else []
+        if point.gang_share:
+            mix.append(f"{point.gang_share:.0%} in gangs")
+        devices = f" ({', '.join(mix)})" if mix else ""
         parts.append(
             Text(
                 f"scale: {point.pending:>6} pending x {point.workers:>4} workers x {point.accounts:>3} "

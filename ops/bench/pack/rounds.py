@@ -46,7 +46,9 @@ class BenchPlacer:
         await apply_schema(database_url)
         db = await PgConnection.connect(database_url)
         try:
-            await db.execute("TRUNCATE assignments, jobs, workers, lease_history, stale_writes CASCADE")
+            await db.execute(
+                "TRUNCATE assignments, jobs, gangs, workers, lease_history, stale_writes CASCADE"
+            )
             await db.execute(
                 "UPDATE lease SET holder = 'bench', epoch = 1, expires_at = now() + interval '1 hour'"
             )
