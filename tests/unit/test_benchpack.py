@@ -14,13 +14,19 @@ import pytest
 import trio
 import trio.testing
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from rich.console import Console
 
 from ops.bench.pack import (
+    PackReport,
+    PackSettings,
     PhaseFigures,
+    ScalePoint,
+    Scenario,
     WaitFigures,
     histogram_quantile,
     overcommitted_workers,
     placer_figures,
+    render,
     wait_figures,
 )
 from ops.bench.pack.queue import GANG_TASKS, check_shares, gang_sizes, gang_spec
@@ -179,3 +185,29 @@ def test_shares_that_do_not_fit_one_queue_are_refused(
     """A share outside 0 to 1, or a device and a gang share over 1 together, is refused by name."""
     with pytest.raises(InvalidArgument, match=re.escape(message)):
         check_shares(device_share, gang_share)
+
+
+def test_the_scale_line_names_the_gang_share_and_the_failed_rounds() -> None:
+    """A scale point with gangs and rounds the database cancelled says both on its line."""
+    point = ScalePoint(
+        pending=10_000,
+        workers=100,
+        first_round_ms=250.0,
+        round_p50_ms=20.0,
+        round_p99_ms=90.0,
+        round_max_ms=95.0,
+        placed=30,
+        device_share=0.25,
+        gang_share=0.1,
+        gang_tasks=1000,
+        failed_rounds=3,
+    )
+    console = Console(width=300, record=True)
+    console.print(
+        render(
+            PackReport(settings=PackSettings(), all_at_once=Scenario(title="", policies=()), scale=(point,))
+        )
+    )
+    shown = console.export_text()
+    assert "(25% asking gpu, 10% in gangs): round p50 20.0 ms" in shown
+    assert "; 3 rounds failed (a statement cancelled at its timeout)" in shown

@@ -119,6 +119,9 @@ class ScalePoint:
     """The share of the pending jobs asked to be tasks of gangs of 2 to 8; 0: none."""
     gang_tasks: int = 0
     """How many of the pending jobs are gang tasks (``gang_share`` of them, in whole gangs)."""
+    failed_rounds: int = 0
+    """Rounds (the untimed first one included) whose statement the database cancelled (a statement
+    timeout); the timed ones count in the percentiles."""
 
 
 RATIO_KEYS = ("cpu_use_waiting", "memory_use_waiting", "finished_s")
@@ -288,6 +291,11 @@ def render(report: PackReport) -> Group:
                 f"accounts{devices}: round p50 "
                 f"{point.round_p50_ms} ms, p99 {point.round_p99_ms} ms, max {point.round_max_ms} ms, "
                 f"first (full read) {point.first_round_ms} ms"
+                + (
+                    f"; {point.failed_rounds} rounds failed (a statement cancelled at its timeout)"
+                    if point.failed_rounds
+                    else ""
+                )
             )
         )
     parts += [Text(f"scale: {line}") for line in growth(report.scale)]

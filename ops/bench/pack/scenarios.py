@@ -395,6 +395,7 @@ async def run_scale_point(
         device_share=device_share,
         gang_share=gang_share,
         gang_tasks=gang_tasks,
+        failed_rounds=bench.failed_rounds,
     )
 
 
