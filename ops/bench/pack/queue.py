@@ -4,6 +4,7 @@ some asking gpu, with gangs among them, submitted the way SubmitJob stores one.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import uuid
@@ -38,7 +39,7 @@ SELECT 'scale', (ARRAY[250,500,1000,2000,4000])[1 + i % 5], (ARRAY[256,512,1024,
 
 def check_shares(device_share: float, gang_share: float) -> None:
     """Refuse a device share and a gang share that do not fit one queue: each 0 to 1, and at
-    most 1 together (a gang asks no devices: docs/gangs.md, "Not yet").
+    most 1 together (the jobs asking gpu are single jobs; the gangs ask none).
 
     Raises:
         InvalidArgument: naming ``--device-share`` or ``--gang-share``, the value and the limit.
@@ -51,7 +52,7 @@ def check_shares(device_share: float, gang_share: float) -> None:
             "--gang-share",
             gang_share,
             f"must be at most 1 - --device-share {device_share:g} = {1 - device_share:g} "
-            "(a gang's tasks ask no devices)",
+            "(the jobs asking gpu are single jobs)",
         )
 
 
@@ -136,7 +137,7 @@ async def seed_queue(
     per_hundred = min(100, round(100 * device_share * pending / singles)) if singles else 0
     # Single jobs 1..singles in len(sizes) + 1 chunks, a gang after each chunk but the last.
     bounds = [round(k * singles / (len(sizes) + 1)) for k in range(len(sizes) + 2)]
-    for k, (first, last) in enumerate(zip(bounds, bounds[1:], strict=False)):
+    for k, (first, last) in enumerate(itertools.pairwise(bounds)):
         if last > first:
             await db.execute(INSERT_SINGLE_JOBS, first + 1, last, accounts, per_hundred)
         if k < len(sizes):
