@@ -28,8 +28,8 @@ from ops.cli import EXIT_INVALID, app
         (["--gang-share", "1.5"], "error: --gang-share must be a number between 0 and 1, got 1.5"),
         (
             ["--only-scale", "--device-share", "0.5", "--gang-share", "0.75"],
-            "error: --gang-share must be at most 1 - --device-share 0.5 = 0.5 (the jobs asking gpu are single "
-            "jobs), got 0.75",
+            "error: --gang-share must be at most 1 - --device-share 0.5 = 0.5 (the jobs asking gpu are "
+            "single jobs), got 0.75",
         ),
     ],
 )
