@@ -117,6 +117,15 @@ def bench_pack(
             "workers, which then each offer 8 (e.g. 0.25; docs/devices.md); 0: no devices.",
         ),
     ] = 0.0,
+    gang_share: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="The share of the scale curve's pending jobs that are tasks of gangs of 2 to 8, a third "
+            "of them spread (e.g. 0.1; docs/gangs.md), at most 1 - --device-share; 0: no gangs.",
+        ),
+    ] = 0.0,
     scale_pending: Annotated[
         str, typer.Option(help="The scale curve's pending-job counts, comma-separated.")
     ] = "1000,10000,100000",
@@ -197,6 +206,7 @@ def bench_pack(
         only_scale=only_scale,
         scale_accounts=scale_accounts,
         scale_device_share=device_share,
+        scale_gang_share=gang_share,
         scale_pending=counts["--scale-pending"],
         scale_workers=counts["--scale-workers"],
         arrival_rate_per_s=arrival_rate,

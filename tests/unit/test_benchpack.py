@@ -1,10 +1,12 @@
 """The packing benchmark's arithmetic: the job stream, the arrival times and their batched
-submission, the makespan bound, histogram quantiles, and the over-commit check on workers'
-logs."""
+submission, the makespan bound, histogram quantiles, the over-commit check on workers' logs,
+and the scale curve's gangs."""
 
 from __future__ import annotations
 
 import itertools
+import random
+import re
 import statistics
 from collections.abc import Sequence
 
@@ -12,17 +14,25 @@ import pytest
 import trio
 import trio.testing
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from rich.console import Console
 
 from ops.bench.pack import (
+    PackReport,
+    PackSettings,
     PhaseFigures,
+    ScalePoint,
+    Scenario,
     WaitFigures,
     histogram_quantile,
     overcommitted_workers,
     placer_figures,
+    render,
     wait_figures,
 )
+from ops.bench.pack.queue import GANG_TASKS, check_shares, gang_sizes, gang_spec
 from ops.bench.pack.stream import WORKER_SHAPES, arrival_times, job_stream, lower_bound_s, submit_arriving
 from ops.checker import Run
+from runtime.errors import InvalidArgument
 
 
 def test_the_job_stream_is_seeded_and_mixed() -> None:
@@ -144,3 +154,60 @@ def test_the_placers_figures_are_read_from_real_metrics_text() -> None:
     assert figures.round_phases["commit"].p50_ms == pytest.approx(55.0)
     assert figures.round_phases["read"].p50_ms == pytest.approx(0.5)
     assert figures.round_phases["decide"] == PhaseFigures(p50_ms=None, p99_ms=None)
+
+
+@pytest.mark.parametrize("tasks", [0, 1, 2, 3, 9, 40, 1000])
+def test_gang_sizes_add_up_to_the_tasks_in_gangs_of_2_to_8(tasks: int) -> None:
+    """The sizes add up to the tasks asked (one short for a lone task: no gang of one), each 2 to 8."""
+    sizes = gang_sizes(tasks, random.Random(tasks))
+    assert sum(sizes) == (tasks if tasks != 1 else 0)
+    assert all(GANG_TASKS[0] <= size <= GANG_TASKS[1] for size in sizes)
+
+
+def test_every_third_gang_spreads_and_each_is_a_checked_gang_spec() -> None:
+    """Gang k has the tasks asked, spreads when k is a multiple of 3, and asks no devices."""
+    specs = [gang_spec(k, 4) for k in range(6)]
+    assert [s.spread for s in specs] == [True, False, False, True, False, False]
+    assert all(s.tasks == 4 and not s.resources for s in specs)
+
+
+@pytest.mark.parametrize(
+    ("device_share", "gang_share", "message"),
+    [
+        (0.0, 1.5, "--gang-share must be between 0 and 1, got 1.5"),
+        (-0.1, 0.0, "--device-share must be between 0 and 1, got -0.1"),
+        (0.75, 0.5, "--gang-share must be at most 1 - --device-share 0.75 = 0.25"),
+    ],
+)
+def test_shares_that_do_not_fit_one_queue_are_refused(
+    device_share: float, gang_share: float, message: str
+) -> None:
+    """A share outside 0 to 1, or a device and a gang share over 1 together, is refused by name."""
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        check_shares(device_share, gang_share)
+
+
+def test_the_scale_line_names_the_gang_share_and_the_failed_rounds() -> None:
+    """A scale point with gangs and rounds the database cancelled says both on its line."""
+    point = ScalePoint(
+        pending=10_000,
+        workers=100,
+        first_round_ms=250.0,
+        round_p50_ms=20.0,
+        round_p99_ms=90.0,
+        round_max_ms=95.0,
+        placed=30,
+        device_share=0.25,
+        gang_share=0.1,
+        gang_tasks=1000,
+        failed_rounds=3,
+    )
+    console = Console(width=300, record=True)
+    console.print(
+        render(
+            PackReport(settings=PackSettings(), all_at_once=Scenario(title="", policies=()), scale=(point,))
+        )
+    )
+    shown = console.export_text()
+    assert "(25% asking gpu, 10% in gangs): round p50 20.0 ms" in shown
+    assert "; 3 rounds failed (a statement cancelled at its timeout)" in shown

@@ -25,6 +25,12 @@ from ops.cli import EXIT_INVALID, app
         (["--arrival-rate", "0.001"], "--arrival-rate must be 0 (skip the arriving scenario) or between 1"),
         (["--json", "/nonexistent-folder/out.json"], "--json: folder /nonexistent-folder does not exist"),
         (["--policy", "fastest"], "error: --policy must list some of best_fit, first_fit, worst_fit"),
+        (["--gang-share", "1.5"], "error: --gang-share must be a number between 0 and 1, got 1.5"),
+        (
+            ["--only-scale", "--device-share", "0.5", "--gang-share", "0.75"],
+            "error: --gang-share must be at most 1 - --device-share 0.5 = 0.5 (the jobs asking gpu are "
+            "single jobs), got 0.75",
+        ),
     ],
 )
 def test_bad_options_are_refused_before_anything_starts(

@@ -115,6 +115,13 @@ class ScalePoint:
     """Accounts the pending jobs belong to (round-robin), with weights 1, 2 and 3 in turn."""
     device_share: float = 0.0
     """The share of the pending jobs that ask 1 to 4 gpu (the workers offer 8 each); 0: none."""
+    gang_share: float = 0.0
+    """The share of the pending jobs asked to be tasks of gangs of 2 to 8; 0: none."""
+    gang_tasks: int = 0
+    """How many of the pending jobs are gang tasks (``gang_share`` of them, in whole gangs)."""
+    failed_rounds: int = 0
+    """Rounds (the untimed first one included) whose statement the database cancelled (a statement
+    timeout); the timed ones count in the percentiles."""
 
 
 RATIO_KEYS = ("cpu_use_waiting", "memory_use_waiting", "finished_s")
@@ -274,13 +281,21 @@ def render(report: PackReport) -> Group:
             )
         )
     for point in report.scale:
-        devices = f" ({point.device_share:.0%} asking gpu)" if point.device_share else ""
+        mix = [f"{point.device_share:.0%} asking gpu"] if point.device_share else []
+        if point.gang_share:
+            mix.append(f"{point.gang_share:.0%} in gangs")
+        devices = f" ({', '.join(mix)})" if mix else ""
         parts.append(
             Text(
                 f"scale: {point.pending:>6} pending x {point.workers:>4} workers x {point.accounts:>3} "
                 f"accounts{devices}: round p50 "
                 f"{point.round_p50_ms} ms, p99 {point.round_p99_ms} ms, max {point.round_max_ms} ms, "
                 f"first (full read) {point.first_round_ms} ms"
+                + (
+                    f"; {point.failed_rounds} rounds failed (a statement cancelled at its timeout)"
+                    if point.failed_rounds
+                    else ""
+                )
             )
         )
     parts += [Text(f"scale: {line}") for line in growth(report.scale)]

@@ -21,6 +21,7 @@ from actors.placer_store import PgPlacerStore
 from actors.role import RoleView
 from actors.schema import apply_schema
 from runtime.aio import PgConnection
+from runtime.errors import DatabaseBusy
 from runtime.settings.leader import LedgerSettings, PlacerSettings
 
 
@@ -36,6 +37,9 @@ class BenchPlacer:
     ledger: Ledger
     placer: Placer
     _dispatched: trio.MemoryReceiveChannel[DispatcherInbox]
+    failed_rounds: int = 0
+    """Rounds whose statement the database cancelled (:class:`DatabaseBusy`: past the ledger's or
+    the placer's statement timeout), counted as the leader's placer counts them."""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -46,7 +50,9 @@ class BenchPlacer:
         await apply_schema(database_url)
         db = await PgConnection.connect(database_url)
         try:
-            await db.execute("TRUNCATE assignments, jobs, workers, lease_history, stale_writes CASCADE")
+            await db.execute(
+                "TRUNCATE assignments, jobs, gangs, workers, lease_history, stale_writes CASCADE"
+            )
             await db.execute(
                 "UPDATE lease SET holder = 'bench', epoch = 1, expires_at = now() + interval '1 hour'"
             )
@@ -91,7 +97,8 @@ class BenchPlacer:
         )
 
     async def round(self, *, free_room: bool = True) -> tuple[float, float]:
-        """One round after the simulated workers heartbeat (as live ones would, else they go
+        """One round (a round whose statement the database cancelled counts in
+        :attr:`failed_rounds`) after the simulated workers heartbeat (as live ones would, else they go
         stale and the placer rightly places nothing on them) and, with ``free_room``, one of
         them drawn at random frees 2000 cpu_millis and 2048 MiB, so a job or two fit.
 
@@ -111,7 +118,13 @@ class BenchPlacer:
             except trio.WouldBlock:
                 break
         started, cpu = time.perf_counter(), time.process_time()
-        await self.placer.round(1)
+        try:
+            await self.placer.round(1)
+        except DatabaseBusy:
+            # As the leader's placer takes it (Placer._logged_round): nothing was sent, and the
+            # queue is read in full next round.
+            self.placer._synced_epoch = None
+            self.failed_rounds += 1
         return (time.perf_counter() - started) * 1000, (time.process_time() - cpu) * 1000
 
 

@@ -25,6 +25,7 @@ from ops.bench.pack.figures import (
     scrape,
     wait_figures,
 )
+from ops.bench.pack.queue import check_shares, seed_queue
 from ops.bench.pack.report import BurstResult, PackReport, PolicyResult, ScalePoint, Scenario
 from ops.bench.pack.rounds import BenchPlacer, percentiles_ms
 from ops.bench.pack.stream import (
@@ -327,33 +328,40 @@ async def run_burst(settings: PackSettings, root: Path, progress: Callable[[str]
 
 
 async def run_scale_point(
-    database_url: str, pending: int, workers: int, rounds: int, accounts: int = 1, device_share: float = 0.0
+    database_url: str,
+    pending: int,
+    workers: int,
+    rounds: int,
+    accounts: int = 1,
+    device_share: float = 0.0,
+    gang_share: float = 0.0,
 ) -> ScalePoint:
     """The real placer round against ``pending`` jobs of ``accounts`` accounts (round-robin;
     weights 1, 2 and 3 in turn) and ``workers`` simulated busy workers, each running 16 jobs of
-    those accounts. With ``device_share`` > 0 every worker offers 8 gpu units and that share of
-    the jobs (every job whose index falls in the first ``device_share`` of each hundred) asks
-    1 to 4 of them (docs/devices.md)."""
+    those accounts. With ``device_share`` > 0 every worker offers 8 gpu units and about that
+    share of the jobs asks 1 to 4 of them (docs/devices.md); about ``gang_share`` of them are
+    tasks of gangs of 2 to 8, a third of the gangs spread, stored as SubmitJob stores them
+    (:func:`ops.bench.pack.queue.seed_queue`; docs/gangs.md).
+
+    Raises:
+        InvalidArgument: the shares do not fit (:func:`ops.bench.pack.queue.check_shares`).
+    """
+    check_shares(device_share, gang_share)
     rng = random.Random(pending + workers)
     async with asyncio_bridge(), BenchPlacer.open(database_url, workers=workers, rng=rng) as bench:
         await bench.add_busy_workers()
-        await bench.db.execute(
-            "INSERT INTO jobs (name, cpu_millis, memory_mb, runtime, sleep_ms, pending_seq, owner)"
-            " SELECT 'scale', (ARRAY[250,500,1000,2000,4000])[1 + i % 5],"
-            " (ARRAY[256,512,1024,2048])[1 + i % 4], 'sleep', 1000, nextval('pending_seq'),"
-            " 'account-' || (i % $2)"
-            " FROM generate_series(1, $1) i",
-            pending,
-            accounts,
+        # Its own generator, so the rounds free the same room with gangs or without.
+        gang_tasks = await seed_queue(
+            bench.db,
+            pending=pending,
+            accounts=accounts,
+            device_share=device_share,
+            gang_share=gang_share,
+            rng=random.Random(pending),
         )
         if device_share > 0:
             await bench.db.execute(
                 """UPDATE workers SET resources = '{"gpu": ["0","1","2","3","4","5","6","7"]}'::jsonb"""
-            )
-            await bench.db.execute(
-                "UPDATE jobs SET resources = jsonb_build_object('gpu', 1 + id % 4)"
-                " WHERE name = 'scale' AND id % 100 < $1",
-                round(device_share * 100),
             )
         # What the busy workers run: 16 jobs each, of the same accounts (fair share reads what
         # each account's running jobs hold in every round with two accounts queued).
@@ -385,6 +393,9 @@ async def run_scale_point(
         placed=bench.placer.stats.placements,
         accounts=accounts,
         device_share=device_share,
+        gang_share=gang_share,
+        gang_tasks=gang_tasks,
+        failed_rounds=bench.failed_rounds,
     )
 
 
@@ -397,7 +408,11 @@ def run_pack(settings: PackSettings, root: Path, progress: Callable[[str], None]
     Raises:
         ClusterError: a cluster could not be started.
         EmbeddedPostgresError: the scale curve's database could not be started.
+        InvalidArgument: the scale curve's device and gang shares do not fit one queue
+            (:func:`ops.bench.pack.queue.check_shares`); nothing ran.
     """
+    if settings.scale:
+        check_shares(settings.scale_device_share, settings.scale_gang_share)
     all_at_once: list[PolicyResult] = []
     arriving: list[PolicyResult] = []
     if settings.docker:
@@ -457,6 +472,7 @@ def run_pack(settings: PackSettings, root: Path, progress: Callable[[str], None]
                             settings.scale_rounds,
                             settings.scale_accounts,
                             settings.scale_device_share,
+                            settings.scale_gang_share,
                         )
                     )
         finally:

@@ -158,6 +158,9 @@ class PackSettings:
     scale_device_share: float = 0.0
     """The share of the scale curve's pending jobs (0 to 1) that ask 1 to 4 gpu of the simulated
     workers, which then each offer 8 (docs/devices.md); 0: no devices."""
+    scale_gang_share: float = 0.0
+    """The share of the scale curve's pending jobs (0 to 1, at most 1 - ``scale_device_share``)
+    that are tasks of gangs of 2 to 8, a third of them spread (docs/gangs.md); 0: no gangs."""
     only_scale: bool = False
     """Run the scale curve alone (no stream, no burst)."""
     duration_scale: float = 1.0
