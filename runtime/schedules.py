@@ -96,11 +96,25 @@ def parse_cron(expression: str, *, field: str = "cron") -> Cron:
     fields = text.split(" ") if text else []
     if not (len(fields) in (5, 6) or (len(fields) == 1 and fields[0].lower() in _ALIASES)):
         raise InvalidArgument(field, expression, CRON_RULE, detail=f"it has {len(fields)} fields")
+    backwards = _backwards_range(fields)
+    if backwards is not None:
+        raise InvalidArgument(field, expression, CRON_RULE, detail=f"the range {backwards} runs backwards")
     try:
         croniter(text, dt.datetime(2000, 1, 1), second_at_beginning=len(fields) == 6)
     except (CroniterBadCronError, CroniterError, ValueError, KeyError) as exc:
         raise InvalidArgument(field, expression, CRON_RULE, detail=str(exc) or type(exc).__name__) from None
     return Cron(expression=text, seconds=len(fields) == 6)
+
+
+def _backwards_range(fields: list[str]) -> str | None:
+    """The first numeric range of ``fields`` whose start is past its end (``5-2``), or None.
+    croniter reads one as wrapping around (``1-0`` in day-of-month fires every day); Vixie cron
+    and Kubernetes refuse it, and so do we."""
+    for part in (p for f in fields for p in f.split(",")):
+        low, dash, high = part.split("/", 1)[0].partition("-")
+        if dash and low.isdigit() and high.isdigit() and int(low) > int(high):
+            return f"{low}-{high}"
+    return None
 
 
 def zone(name: str, *, field: str = "tz") -> zoneinfo.ZoneInfo:

@@ -137,6 +137,8 @@ def test_slot_instant_is_the_wall_time_or_the_end_of_its_gap(wall: dt.datetime) 
         ({"cron": "every minute"}, "cron", "cron expression of 5 fields"),
         ({"cron": "61 * * * *"}, "cron", "out of range"),
         ({"cron": "0 0 30 2 *"}, "cron", "within 5 years (CRON_HORIZON_YEARS)"),
+        ({"cron": "0 0 1-0 * *"}, "cron", "the range 1-0 runs backwards"),
+        ({"cron": "0 0 * * 5-2"}, "cron", "the range 5-2 runs backwards"),
         ({"tz": "Mars/Olympus"}, "tz", "IANA time zone"),
         ({"tz": "localtime"}, "tz", "IANA time zone"),
         ({"tz": "Factory"}, "tz", "IANA time zone"),
