@@ -6,6 +6,7 @@ tasks or none. docs/gangs.md, "Placement".
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -14,7 +15,7 @@ from actors.fair_share import AccountShare, dominant_share
 from actors.pending_queue import PendingJob, PendingQueue
 from actors.placement import Devices
 from actors.quotas import AccountQuota
-from actors.rooms import WorkerRoom
+from actors.rooms import ReasonCache, WorkerRoom
 from actors.rooms import unschedulable_reason as job_unschedulable_reason
 from runtime.accounts import quota_reason
 from runtime.constraints import satisfied
@@ -294,6 +295,8 @@ def place_gangs(
     blocked: Iterable[str] = (),
     max_placements: int | None = None,
     quotas: Mapping[str, AccountQuota] | None = None,
+    open_windows: bool = False,
+    memo: ReasonCache | None = None,
 ) -> GangPlan:
     """Place whole gangs on the free room of ``rooms``, in the given order (priority, then gang
     id): a gang is placed only when all of its tasks fit at once, each task by best fit (the
@@ -310,7 +313,11 @@ def place_gangs(
     most ``max_placements`` tasks are placed in all (None: no limit); a gang past it waits whole.
     A gang whose account (``quotas``: the capped accounts by name) would pass a cap with all of
     its tasks, on top of its use and the gangs placed before it, waits with the quota's reason
-    (docs/quotas.md) and reserves nothing.
+    (docs/quotas.md) and reserves nothing. With ``open_windows``, a room's ``placement_limit``
+    says only whether its send window is open (above 0: as many tasks as fit; 0: none), not how
+    many a round may place there: a gang (at most MAX_GANG_TASKS tasks) larger than what the
+    windows let one round place would otherwise wait forever. ``memo`` keeps whether each gang
+    shape could ever fit across rounds, while the rooms' capacities stay the same.
 
     Never more than a room holds, never a partial gang, never two tasks of a spread gang on one
     worker, never one unit to two tasks (tests/unit/test_gangs_placement.py, hypothesis).
@@ -321,8 +328,15 @@ def place_gangs(
     cap_mem = np.array([r.memory_mb for r in ordered], dtype=np.int64)
     free_cpu = cap_cpu - np.array([r.cpu_allocated_millis for r in ordered], dtype=np.int64)
     free_mem = cap_mem - np.array([r.memory_allocated_mb for r in ordered], dtype=np.int64)
+    unbounded = 1 << 30
     left = np.array(
-        [1 << 30 if r.placement_limit is None else max(0, r.placement_limit) for r in ordered], dtype=np.int64
+        [
+            unbounded
+            if r.placement_limit is None or (open_windows and r.placement_limit > 0)
+            else max(0, r.placement_limit)
+            for r in ordered
+        ],
+        dtype=np.int64,
     )
     closed = set(blocked)
     open_ = np.array([r.worker_id not in closed for r in ordered], dtype=bool)
@@ -340,7 +354,7 @@ def place_gangs(
     # Per shape (size, spread, cpu, mem, container, constraints, device ask): whether it can ever
     # fit, worked out once a round; eligibility per (container, constraints, device ask).
     eligible_of: dict[tuple[bool, tuple[object, ...], tuple[object, ...]], np.ndarray] = {}
-    never_of: dict[tuple[object, ...], str | None] = {}
+    never_of = {} if memo is None else memo.for_gangs(_capacities_key(ordered))
     fits_of: dict[tuple[object, ...], int] = {}
     changes = 0
     taken: dict[str, tuple[int, int]] = {}
@@ -489,23 +503,6 @@ _STUCK = ("unschedulable", "quota:")
 """How the stored reasons of jobs that no round will place as things are begin."""
 
 
-def gang_rooms(rooms: Sequence[WorkerRoom], members: Iterable[str]) -> list[WorkerRoom]:
-    """``rooms`` as gangs may use them: those of ``members`` (healthy workers, on trial or not),
-    a worker whose send window is open taking as many of a round's gang tasks as fit its free
-    room, however little of the window is left, one whose window is closed none for now. A gang
-    (at most MAX_GANG_TASKS tasks) larger than what the windows let one round place would
-    otherwise wait forever. The others (an unhealthy worker whose probe is due) are left out
-    altogether, so that no gang reserves them and their probe, a single job, can run."""
-    full = set(members)
-    return [
-        attrs.evolve(
-            room, placement_limit=None if room.placement_limit is None or room.placement_limit > 0 else 0
-        )
-        for room in rooms
-        if room.worker_id in full
-    ]
-
-
 def task_sizes(gangs: Iterable[PendingGang]) -> dict[int, tuple[int, int]]:
     """Each task of ``gangs``: job_id -> (cpu_millis, memory_mb)."""
     return {t: (g.job.cpu_millis, g.job.memory_mb) for g in gangs for t in g.task_ids}
@@ -567,3 +564,20 @@ def gangs_in_fair_order(
         key = (dominant_share(cpu, mem, total_cpu_millis, total_memory_mb) + past) / share.weight
         keyed.append((-gang.job.priority, key, position))
     return [gangs[position] for *_, position in sorted(keyed)]
+
+
+def _capacities_key(rooms: Sequence[WorkerRoom]) -> tuple[Any, ...]:
+    """All that whether a gang shape could ever fit reads of ``rooms`` (:func:`_never`): each
+    room's capacities, container engine, labels and device counts offered, with repeats."""
+    return tuple(
+        sorted(
+            (
+                r.cpu_millis,
+                r.memory_mb,
+                r.runs_containers,
+                tuple(sorted(r.labels.items())),
+                tuple(sorted((name, len(units)) for name, units in r.resources.items())),
+            )
+            for r in rooms
+        )
+    )

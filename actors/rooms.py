@@ -80,6 +80,17 @@ class ReasonCache:
     reasons: dict[tuple[Any, ...], str | None] = attrs.field(factory=dict)
     computed: int = 0
     """Reasons worked out (not found in the cache) so far: for tests and the curious."""
+    gang_key: tuple[Any, ...] | None = None
+    gang_reasons: dict[tuple[Any, ...], str | None] = attrs.field(factory=dict)
+    """Gang shapes' reasons (:func:`actors.gangs.place_gangs`), valid for the rooms whose
+    capacities are :attr:`gang_key` (gangs count workers: one key per room, repeats kept)."""
+
+    def for_gangs(self, key: tuple[Any, ...]) -> dict[tuple[Any, ...], str | None]:
+        """The gang shapes' reasons for rooms whose capacities are ``key``: emptied first when
+        they are other rooms'."""
+        if key != self.gang_key:
+            self.gang_key, self.gang_reasons = key, {}
+        return self.gang_reasons
 
     def reason(
         self,

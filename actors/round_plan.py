@@ -17,7 +17,6 @@ from actors.fair_share import AccountShare
 from actors.gangs import (
     GangPlan,
     PendingGang,
-    gang_rooms,
     gangs_by_priority,
     gangs_in_fair_order,
     joined,
@@ -174,10 +173,10 @@ def plan_round_steps(
             (:func:`actors.gangs.place_gangs`): those of at least the queue's top priority
             before the queue's jobs, the others on what the queue's jobs leave
             (:func:`actors.gangs.gangs_by_priority`); a worker takes gang tasks while its send
-            window is open (:func:`actors.gangs.gang_rooms`); gangs count against ``quotas``
-            and, with ``shares``, go in fair share's order within a priority
-            (:func:`actors.gangs.gangs_in_fair_order`);
-            the workers a waiting gang reserves take no job of the queue this round.
+            window is open (``open_windows``); gangs count against ``quotas`` and, with
+            ``shares``, go in fair share's order within a priority
+            (:func:`actors.gangs.gangs_in_fair_order`); the workers a waiting gang reserves
+            take no job of the queue this round.
 
     Raises:
         ValueError: the settings name an unknown policy.
@@ -230,25 +229,28 @@ def plan_round_steps(
     row_budget = min(settings.max_placements_per_round, max_rows)
     # Gangs of at least the queue's top priority go before its jobs; the others after them, on
     # what they leave (docs/gangs.md, "Priority"). Gangs are bounded per worker by whether its
-    # send window is open, not by how much of it is left (gang_rooms).
+    # send window is open, not by how much of it is left (place_gangs' open_windows).
     if shares and gangs:
         total_cpu = float(sum(r.cpu_millis for r in rooms))
         gangs = gangs_in_fair_order(gangs, shares, total_cpu, float(sum(r.memory_mb for r in rooms)))
     first, after = gangs_by_priority(gangs, queue, now)
     # Workers on trial take gang tasks (a gang waiting for the end of a trial that only single
-    # jobs end, and reserving the workers they need, waited forever); unhealthy ones do not.
-    members = {w.ref.worker_id for w in workers if not w.unhealthy}
+    # jobs end, and reserving the workers they need, waited forever); unhealthy ones whose probe
+    # is due take none and are never reserved (their probe is a single job).
+    not_for_gangs = {*(held or {}), *(w.ref.worker_id for w in workers if w.unhealthy)}
     gang_plan = GangPlan()
     if first:
         gang_plan = place_gangs(
             first,
-            gang_rooms(rooms, members),
+            rooms,
             now=now,
             max_reservations=settings.max_reservations,
             reserve_after_s=settings.reserve_after_s,
-            blocked=(held or {}).keys(),
+            blocked=not_for_gangs,
             max_placements=row_budget,
             quotas=quotas,
+            open_windows=True,
+            memo=reason_cache,
         )
         sizes = task_sizes(first)
         rooms = gang_plan.rooms_left(rooms, sizes)
@@ -274,9 +276,11 @@ def plan_round_steps(
         rooms = GangPlan(placements=plan.placements, units=plan.units).rooms_left(rooms, plan.sizes)
         later = place_gangs(
             after,
-            gang_rooms(rooms, members),
+            rooms,
             now=now,
-            blocked=(held or {}).keys(),
+            blocked={*not_for_gangs, *(held or {})},
+            open_windows=True,
+            memo=reason_cache,
             max_placements=row_budget - len(gang_plan.placements) - len(plan.placements),
             quotas=quotas and quotas_after(quotas, _owned(queue, plan)),
         )
