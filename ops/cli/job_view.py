@@ -119,7 +119,10 @@ def lifecycle_rows(info: Job) -> list[tuple[str, str]]:
     spec = info.spec or JobSpec(name="", cpu_millis=0, memory_mb=0, runtime=None)
     runs = f"{info.attempts} run{'' if info.attempts == 1 else 's'}"
     lost = "runs lost with a worker count" if spec.count_lost else "runs lost with a worker not counted"
-    rows = [("attempts", f"{info.failures} of {spec.max_attempts} spent, {runs} ({lost})")]
+    # A gang's attempts are the gang's, spent by the gang as a whole (its row below).
+    spent = info.failures if info.gang is None else info.gang.failures
+    whose = "" if info.gang is None else " by the gang"
+    rows = [("attempts", f"{spent} of {spec.max_attempts} spent{whose}, {runs} ({lost})")]
     not_before = info.not_before_unix_s or 0.0
     read = info.read_unix_s
     if not_before and (read is None or not_before > read) and info.state in ("pending", "waiting"):

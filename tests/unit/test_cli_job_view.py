@@ -18,7 +18,7 @@ from ops.cli import app
 from ops.cli.common import console
 from ops.cli.job_view import lifecycle_rows
 from ops.cli.render import local_time
-from ops.client.results import job_from_pb
+from ops.client.results import JobGang, job_from_pb
 from ops.config import INSECURE_ENV
 from protocol import pb
 from runtime.client import ControlPlaneClient
@@ -331,3 +331,13 @@ def test_a_gang_tasks_json_keeps_its_tasks_and_spread() -> None:
     shown = json.loads(json.dumps(job_json(job_from_pb(info))))
     assert (shown["tasks"], shown["spread"]) == (4, True)
     assert spec_of_table(shown) == gang
+
+
+def test_a_gang_tasks_attempts_are_its_gangs() -> None:
+    """A gang task's attempts row counts the gang's spent attempts (the gang spends them as a
+    whole), not the task's own."""
+    info = job_from_pb(read_at(1_700_000_004.0))
+    gang = JobGang(gang_id=8, rank=1, size=3, spread=False, state="failed", attempts=2, failures=2, detail="")
+    rows = dict(lifecycle_rows(attrs.evolve(info, gang=gang)))
+    assert rows["attempts"].startswith("2 of 3 spent by the gang, ")
+    assert rows["gang"].startswith("task 1 of gang 8 (3 tasks): failed, placed 2 times, 2 attempts spent")
