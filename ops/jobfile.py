@@ -239,11 +239,11 @@ def _schedules_of(shown: str, fmt: str, text: str) -> list[FileSchedule]:
                 field="job",
                 value=job_table,
             )
-        for forbidden in ("after", "array"):
+        for forbidden in ("after", "array", "tasks", "spread"):
             if job_table.get(forbidden):
                 raise JobFileError(
                     where((index, "job", forbidden)),
-                    f"job.{forbidden} must be empty for a schedule's job",
+                    f"job.{forbidden} must be empty for a schedule's job (no dependencies, array or gang)",
                     field=f"job.{forbidden}",
                     value=job_table[forbidden],
                 )

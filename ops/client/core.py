@@ -646,9 +646,15 @@ class Client:
             now=dt.datetime.now(dt.UTC),
         )
         checked = job.check()
-        for field, value in (("job.after", checked.after), ("job.array", checked.array)):
+        for field, value in (
+            ("job.after", checked.after),
+            ("job.array", checked.array),
+            ("job.tasks", checked.tasks),
+        ):
             if value:
-                raise InvalidArgument(field, value, "must be empty for a schedule's job")
+                raise InvalidArgument(
+                    field, value, "must be empty for a schedule's job (no dependencies, array or gang)"
+                )
         spec = pb.ScheduleSpec(
             name=rules.name,
             cron=rules.cron.expression,

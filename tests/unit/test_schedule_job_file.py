@@ -77,11 +77,15 @@ def test_a_bad_schedule_is_refused_naming_file_line_and_field(
     assert words in str(refused.value)
 
 
-def test_a_schedules_job_may_not_wait_for_others(tmp_path: Path) -> None:
-    """job.after is refused: a schedule's job waits for no other job."""
+@pytest.mark.parametrize(
+    ("line", "field"), [("after = [1]", "after"), ("tasks = 2", "tasks"), ("spread = true", "spread")]
+)
+def test_a_schedules_job_may_not_wait_for_others_or_be_a_gang(tmp_path: Path, line: str, field: str) -> None:
+    """job.after, job.tasks and job.spread are refused at reading (so `stockade run --check`
+    refuses them too): a schedule's job waits for no other job and is no gang."""
     path = tmp_path / "jobs.toml"
-    path.write_text(TOML + "after = [1]\n")
-    with pytest.raises(JobFileError, match=r"job.after must be empty for a schedule's job"):
+    path.write_text(TOML + line + "\n")
+    with pytest.raises(JobFileError, match=rf"job.{field} must be empty for a schedule's job"):
         read_schedules(path)
 
 
