@@ -110,8 +110,9 @@ def plan_schedule(
     decisions: list[SlotDecision] = []
     for slot in due:
         if slot < deadline:
-            late_s = (now - slot).total_seconds()
-            reason = f"missed: {late_s:.0f} s late, past starting_deadline_s {schedule.starting_deadline_s}"
+            # Tenths, so that a slot 3.4 s late never reads "3 s late, past starting_deadline_s 3".
+            late = f"{(now - slot).total_seconds():.1f}".removesuffix(".0")
+            reason = f"missed: {late} s late, past starting_deadline_s {schedule.starting_deadline_s}"
             decisions.append(SlotDecision(slot_at=slot, fire=False, reason=reason))
         elif slot in firing_slots:
             decisions.append(SlotDecision(slot_at=slot, fire=not blocked, reason=blocked))

@@ -108,3 +108,11 @@ def test_every_due_slot_is_decided_once_in_order(
     assert fired <= (MAX_CATCH_UP_SLOTS if policy == "allow" else 1)
     if plan.firing is not None:
         assert all(d.fire or d.reason for d in plan.firing.decisions)
+
+
+def test_a_missed_slots_lateness_is_told_in_tenths() -> None:
+    """A slot 3.4 s late past a deadline of 3 s says so, never "3 s late, past ... 3"."""
+    plan = plan_schedule(every_minute(back_min=1, deadline_s=3), T0 + dt.timedelta(seconds=3.4))
+    assert plan.firing is not None
+    missed = [d.reason for d in plan.firing.decisions if not d.fire]
+    assert "missed: 3.4 s late, past starting_deadline_s 3" in missed
