@@ -108,6 +108,10 @@ class GangQueue:
         if added:
             self.version += 1
 
+    def accounts(self) -> set[str]:
+        """The accounts that own the gang tasks held now."""
+        return {job.owner for held in self._tasks.values() for job, *_ in held.values()}
+
     def remove(self, job_ids: Iterable[int]) -> None:
         """Drop these tasks (placed, or no longer pending); their gangs are no longer whole."""
         gone = set(job_ids)

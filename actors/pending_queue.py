@@ -229,11 +229,12 @@ class PendingQueue:
         """Each job's index into :attr:`owners` (new accounts are added), as an int64 array."""
         return _indexes((j.owner for j in jobs), self._owner_index, self.owners)
 
-    def accounts_queued(self) -> int:
-        """How many accounts own the jobs held now (0 for none)."""
+    def accounts(self) -> set[str]:
+        """The accounts that own the jobs held now."""
         if not self.owner.size:
-            return 0
-        return int(np.count_nonzero(np.bincount(self.owner, minlength=len(self.owners))))
+            return set()
+        present = np.flatnonzero(np.bincount(self.owner, minlength=len(self.owners)))
+        return {self.owners[k] for k in present.tolist()}
 
     def waiting_for_backoff(self, now: float) -> set[int]:
         """The jobs whose requeue backoff has not passed at ``now``."""

@@ -167,9 +167,9 @@ class Placer(FencedWrites):
             waiting, self._mark = await self.store.pending_jobs(s.max_jobs_per_round)
             self._synced_epoch, self._synced_at = epoch, now
         else:
-            # Fair share's use of each account, in the same round trip, when the queue holds
-            # two accounts' jobs or more (else it scans nothing).
-            self.store.with_account_use = s.fair_share and self.queue.accounts_queued() > 1
+            # Fair share's use of each account, in the same round trip, when the single jobs and
+            # gangs held are two accounts' or more (else it scans nothing).
+            self.store.with_account_use = s.fair_share and self._accounts_waiting() > 1
             workers, waiting, self._mark = await self.store.read_round(
                 s.worker_fresh_s, self._mark, s.max_jobs_per_round
             )
@@ -186,6 +186,10 @@ class Placer(FencedWrites):
                 jobs, reasons, now=now, not_before=_not_before(waiting)
             )
         return workers
+
+    def _accounts_waiting(self) -> int:
+        """How many accounts own the single jobs and gang tasks held (fair share orders both)."""
+        return len(self.queue.accounts() | self.gangs.accounts())
 
     async def round(self, epoch: int) -> tuple[CommittedAssignment, ...]:
         """One round under ``epoch``: read, decide (:func:`plan_round`), commit, dispatch.
@@ -208,7 +212,7 @@ class Placer(FencedWrites):
             self.gangs.remove(gone)
             self._reserving_checked_at = trio.current_time()
             self._reserving = []
-        if s.fair_share and self.queue.accounts_queued() > 1:
+        if s.fair_share and self._accounts_waiting() > 1:
             await self._read_shares(self.store.account_use)
         read_done = trio.current_time()
         metrics.PLACER_PENDING_JOBS.set(len(self.queue))

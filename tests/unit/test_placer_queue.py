@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 from actors.fair_share import AccountShare
+from actors.gangs import GangTask
 from actors.messages import (
     CommitPlacements,
     CommittedAssignment,
@@ -383,3 +384,25 @@ async def test_with_two_accounts_queued_every_round_reads_what_each_holds_now(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(answer)
         await placer.round(epoch=1)
+
+
+async def test_gangs_of_two_accounts_alone_read_what_each_holds_now(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Fair share orders gangs too: with only gangs pending, of alice and of bob, every round
+    reads the accounts' use as it does for single jobs of two accounts (it read none, and gangs
+    went by id)."""
+    jobs = {
+        xid: WaitingJob(
+            job=PendingJob(job_id=xid, cpu_millis=1000, memory_mb=100, owner=owner),
+            reason="gang: waiting for room for all 2 tasks at once",  # stored: nothing to commit
+            gang=GangTask(gang_id=gang_id, rank=xid - gang_id, size=2),
+        )
+        for xid, gang_id, owner in ((1, 1, "alice"), (2, 1, "alice"), (3, 3, "bob"), (4, 3, "bob"))
+    }
+    store = FakeStore(visible=jobs, free_cpu=0, shares={"alice": AccountShare(used_cpu_millis=7000)})
+    placer, _ = make_placer(store)
+    for _ in range(3):
+        await placer.round(epoch=1)
+        await trio.sleep(0.1)
+    assert [r[0] for r in store.reads if r[0] in ("shares", "use")] == ["shares", "use", "use"]
