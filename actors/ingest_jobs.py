@@ -232,6 +232,11 @@ class JobHandlers(AdmittedService):
                 check_jobs_steps(batch.specs, spec_of=job_spec_from_pb, step_jobs=step), self.wire_share
             )
             key = check_idempotency_key(batch.idempotency_key)
+            for index, job in enumerate(jobs):
+                if job.tasks is not None:
+                    await self._refuse_gang_beyond_cluster(
+                        "submit_jobs", job.tasks, job.spread, job, field=f"specs[{index}].tasks"
+                    )
             items = (idempotency.job_item(j) for j in jobs)
             digest = await run_in_slices(
                 idempotency.digest_steps("submit_jobs", items, step_items=step), self.wire_share
@@ -391,6 +396,13 @@ def gang_beyond_cluster(
     if known == 0:
         return None
     size = f"{cpu_millis} cpu_millis and {memory_mb} memory_mb"
+    if (able if spread else holds) == 0:
+        return InvalidArgument(
+            field,
+            tasks,
+            f"must fit the workers this cluster knows, and none of its {known} has room for one "
+            f"task of {size}",
+        )
     if spread and tasks > able:
         return InvalidArgument(
             field,

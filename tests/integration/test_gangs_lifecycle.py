@@ -406,3 +406,41 @@ async def test_a_gang_no_known_worker_set_could_hold_is_refused_and_nothing_is_s
     assert await cluster.admin.fetchval("SELECT count(*) FROM jobs") == before
     assert len(await cluster.submit_gang(16)) == 16
     assert len(await cluster.submit_gang(2, spread=True)) == 2
+
+
+async def test_a_batch_holding_a_gang_no_known_worker_set_could_hold_is_refused_whole(
+    cluster: Cluster,
+) -> None:
+    """SubmitJobs refuses a batch whose gang the known workers could never hold, naming the
+    spec's index, and stores none of its jobs; a task no known worker has room for is said so."""
+    await cluster.register("w-1", "10.0.0.1:1")
+    before = await cluster.admin.fetchval("SELECT count(*) FROM jobs")
+    specs = [
+        pb.JobSpec(name="ok", cpu_millis=500, memory_mb=64, command=pb.CommandRuntime(argv=["true"])),
+        pb.JobSpec(
+            name="big",
+            cpu_millis=500,
+            memory_mb=64,
+            command=pb.CommandRuntime(argv=["true"]),
+            tasks=2,
+            spread=True,
+        ),
+    ]
+    with pytest.raises(Exception, match=r"specs\[1\]\.tasks must be at most 1: a spread gang"):
+        await cluster.cp.call("submit_jobs", pb.SubmitJobsRequest(specs=specs))
+    assert await cluster.admin.fetchval("SELECT count(*) FROM jobs") == before
+    with pytest.raises(
+        Exception, match=r"tasks must fit the workers this cluster knows, and none of its 1 has room"
+    ):
+        await cluster.cp.call(
+            "submit_job",
+            pb.SubmitJobRequest(
+                spec=pb.JobSpec(
+                    name="huge",
+                    cpu_millis=64000,
+                    memory_mb=64,
+                    command=pb.CommandRuntime(argv=["true"]),
+                    tasks=2,
+                )
+            ),
+        )
