@@ -226,8 +226,8 @@ def attempts_view(attempts: Sequence[Attempt], console: Console) -> Group:
 
 
 def schedule_text(info: Job) -> str:
-    """The ``schedule`` row of a job a schedule fired: ``nightly, slot 2026-12-05 02:30:00 UTC
-    (03:30:00 CET)``, the slot in UTC and in local time."""
+    """The ``schedule`` row of a job a schedule fired: ``nightly, slot 2026-12-05 01:30:00 UTC
+    (02:30:00 CET)``, the slot in UTC and in this machine's local time."""
     if not info.schedule_slot_unix_s:
         return info.schedule or "-"
     slot = datetime.fromtimestamp(info.schedule_slot_unix_s, UTC)
