@@ -19,7 +19,7 @@ import logging
 import math
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TextIO, cast
 
 import attrs
 import structlog
@@ -38,12 +38,23 @@ def configure(*, json: bool = False, level: str = "INFO", **context: Any) -> Non
     structlog.configure(
         processors=[*processors, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, _Stderr())),
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(**context)
     quiet_pool_floor_retries()
+
+
+class _Stderr:
+    """``sys.stderr`` as it is when a line is written, not as it was when :func:`configure` ran:
+    a stream replaced since (pytest's capture of one test, closed after it) is not written to."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 class _DropPoolFloorRetries(logging.Filter):
