@@ -6,7 +6,6 @@ tasks or none. docs/gangs.md, "Placement".
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import attrs
 import numpy as np
@@ -15,7 +14,7 @@ from actors.fair_share import AccountShare, dominant_share
 from actors.pending_queue import PendingJob, PendingQueue
 from actors.placement import Devices
 from actors.quotas import AccountQuota
-from actors.rooms import ReasonCache, WorkerRoom
+from actors.rooms import ReasonCache, WorkerRoom, workers_key
 from actors.rooms import unschedulable_reason as job_unschedulable_reason
 from runtime.accounts import quota_reason
 from runtime.constraints import satisfied
@@ -358,7 +357,7 @@ def place_gangs(
     # Per shape (size, spread, cpu, mem, container, constraints, device ask): whether it can ever
     # fit, worked out once a round; eligibility per (container, constraints, device ask).
     eligible_of: dict[tuple[bool, tuple[object, ...], tuple[object, ...]], np.ndarray] = {}
-    never_of = {} if memo is None else memo.for_gangs(_capacities_key(ordered))
+    never_of = {} if memo is None else memo.for_gangs(workers_key(ordered, repeats=True))
     fits_of: dict[tuple[object, ...], int] = {}
     changes = 0
     taken: dict[str, tuple[int, int]] = {}
@@ -568,20 +567,3 @@ def gangs_in_fair_order(
         key = (dominant_share(cpu, mem, total_cpu_millis, total_memory_mb) + past) / share.weight
         keyed.append((-gang.job.priority, key, position))
     return [gangs[position] for *_, position in sorted(keyed)]
-
-
-def _capacities_key(rooms: Sequence[WorkerRoom]) -> tuple[Any, ...]:
-    """All that whether a gang shape could ever fit reads of ``rooms`` (:func:`_never`): each
-    room's capacities, container engine, labels and device counts offered, with repeats."""
-    return tuple(
-        sorted(
-            (
-                r.cpu_millis,
-                r.memory_mb,
-                r.runs_containers,
-                tuple(sorted(r.labels.items())),
-                tuple(sorted((name, len(units)) for name, units in r.resources.items())),
-            )
-            for r in rooms
-        )
-    )

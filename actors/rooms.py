@@ -120,24 +120,22 @@ class ReasonCache:
         return self.reasons[found]
 
 
-def workers_key(workers: Sequence[WorkerRoom]) -> tuple[Any, ...]:
+def workers_key(workers: Sequence[WorkerRoom], *, repeats: bool = False) -> tuple[Any, ...]:
     """What :func:`unschedulable_reason` reads of ``workers``: the distinct (cpu_millis,
     memory_mb, runs_containers, labels, device counts offered) among them, sorted. Equal keys
-    give equal reasons."""
-    return tuple(
-        sorted(
-            {
-                (
-                    w.cpu_millis,
-                    w.memory_mb,
-                    w.runs_containers,
-                    tuple(sorted(w.labels.items())),
-                    tuple(sorted((name, len(units)) for name, units in w.resources.items())),
-                )
-                for w in workers
-            }
+    give equal reasons. With ``repeats``, each worker's, repeats kept: what a gang's reason reads
+    (it counts workers, :func:`actors.gangs.place_gangs`)."""
+    each = (
+        (
+            w.cpu_millis,
+            w.memory_mb,
+            w.runs_containers,
+            tuple(sorted(w.labels.items())),
+            tuple(sorted((name, len(units)) for name, units in w.resources.items())),
         )
+        for w in workers
     )
+    return tuple(sorted(each if repeats else set(each)))
 
 
 def unschedulable_reason(job: PendingJob, workers: Sequence[WorkerRoom]) -> str | None:
