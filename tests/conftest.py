@@ -470,3 +470,15 @@ def _fresh_consoles() -> Iterator[None]:
     yield
     console.cache_clear()
     err_console.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _own_logging() -> Iterator[None]:
+    """Each test's logging as it found it: a command a test runs in this process may configure
+    structlog for itself (``stockade bench pack`` sets WARNING for the placer it runs), and a
+    later test that reads info lines would else see none."""
+    import structlog
+
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
