@@ -67,6 +67,7 @@ class GangQueue:
     version: int = 0
     """Bumped at every change, so a round can tell that nothing changed."""
     _whole: tuple[int, list[PendingGang]] | None = None
+    _accounts: tuple[int, set[str]] | None = None
 
     def __len__(self) -> int:
         return sum(len(t) for t in self._tasks.values())
@@ -108,8 +109,12 @@ class GangQueue:
             self.version += 1
 
     def accounts(self) -> set[str]:
-        """The accounts that own the gang tasks held now."""
-        return {job.owner for held in self._tasks.values() for job, *_ in held.values()}
+        """The accounts that own the gang tasks held now (worked out again only after a change:
+        the placer asks twice a round)."""
+        if self._accounts is None or self._accounts[0] != self.version:
+            owners = {job.owner for held in self._tasks.values() for job, *_ in held.values()}
+            self._accounts = (self.version, owners)
+        return self._accounts[1]
 
     def remove(self, job_ids: Iterable[int]) -> None:
         """Drop these tasks (placed, or no longer pending); their gangs are no longer whole."""
