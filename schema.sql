@@ -463,7 +463,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 -- This file's version: the newest migration's (actors/migrations/).
-INSERT INTO schema_version (version) VALUES (13) ON CONFLICT (version) DO NOTHING;
+INSERT INTO schema_version (version) VALUES (14) ON CONFLICT (version) DO NOTHING;
 
 -- ================================================================ routines
 -- Everything below is functions, triggers and views, each CREATE OR REPLACE: applied with the
@@ -1244,6 +1244,33 @@ BEGIN
      RETURNING a.job_id
     )
     SELECT requeue_unspent(array_agg(job_id)) INTO requeued FROM stopped;
+
+    -- Fenced (agent/messages.py, JobState.FENCED): the run started and the worker's fence
+    -- killed it on its own (its reaper found the kill deadline passed before its agent did),
+    -- while its incarnation may live on. The run is lost as with a dead worker: the assignment
+    -- ends 'lost' (end_reason 'self_fence', counted when the job counts losses) and the job
+    -- goes by after_loss, placed again at once (no backoff: the leader's caps are its own
+    -- settings, and the worker that lost it is alive). Safe unfenced as not_started above: the
+    -- run has ended by the word of the only worker it was addressed to. Only an active
+    -- assignment of this worker is ended; a report after the leader ended it changes nothing.
+    WITH o AS (
+        SELECT o.assignment_id, o.detail
+          FROM unnest(p_assignment_ids, p_states, p_details) AS o(assignment_id, state, detail)
+         WHERE o.state = 'fenced'
+    ),
+    lost AS (
+        UPDATE assignments a
+           SET state = 'lost', ended_at = now(), end_reason = 'self_fence', detail = o.detail,
+               counted = (SELECT count_lost FROM jobs WHERE jobs.id = a.job_id)
+          FROM o
+         WHERE a.id = o.assignment_id AND a.worker_id = p_worker_id AND a.state = 'active'
+     RETURNING a.job_id, a.counted
+    )
+    UPDATE jobs j
+       SET (state, losses, failures, started_at, finished_at, pending_seq, pending_xid, not_before,
+            reason, detail) = (SELECT * FROM after_loss(j, 'self_fence', true, l.counted, '{}'))
+      FROM lost l
+     WHERE j.id = l.job_id AND j.state IN ('assigned', 'running');
 
     IF late > 0 THEN
         -- A late outcome ends the job (step 3 above), but a late failure of a job with

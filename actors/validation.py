@@ -164,7 +164,7 @@ def check_restart_hold_ms(hold_ms: int) -> int:
     return _int_between("restart_hold_ms", hold_ms, 0, MAX_RESTART_HOLD_MS)
 
 
-OUTCOME_STATES = ("succeeded", "failed", "cancelled", "not_started")
+OUTCOME_STATES = ("succeeded", "failed", "cancelled", "not_started", "fenced")
 """The states a worker reports for an ended job (``agent.messages.JobState``)."""
 MAX_OUTCOMES = 10_000
 """Most outcomes one heartbeat or registration may carry."""

@@ -52,6 +52,11 @@ class JobState(StrEnum):
     """Accepted, never started, and ended by this worker on its own (its reaper found the fence
     deadline passed): reported so the control plane ends the assignment and places the job
     again (schema.sql, record_outcomes)."""
+    FENCED = "fenced"
+    """Started, then killed by this worker's fence on its own (its reaper found the kill
+    deadline passed before the agent did), while its incarnation may live on: reported so the
+    control plane ends the assignment as lost and places the job again (schema.sql,
+    record_outcomes); nothing else would end it should a fresh heartbeat resume the worker."""
 
 
 class StopReason(StrEnum):

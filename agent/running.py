@@ -572,6 +572,20 @@ class RunningJobs:
                 ended_at=result.ended_at,
                 detail=result.detail,
             )
+        elif fenced and job.stop_reason is None:
+            # Started, and killed by its reaper at the fence before the agent fenced (the
+            # agent, paused, has not reached the kill deadline its reaper read): should a fresh
+            # heartbeat resume this incarnation, only this report ends the assignment.
+            self._report(
+                job,
+                state=JobState.FENCED,
+                exit_code=result.exit_code,
+                run_s=max(0.0, result.ended_at - result.began_at),
+                ended_at=result.ended_at,
+                stdout_path=result.stdout_path,
+                stderr_path=result.stderr_path,
+                detail=result.detail,
+            )
         elif not (result.stopped or fenced):
             self._report(
                 job,

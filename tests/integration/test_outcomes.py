@@ -460,6 +460,52 @@ async def test_a_not_started_report_ends_the_assignment_and_places_the_job_again
     assert (await cluster.job(job_id))["state"] == "assigned"
 
 
+async def test_a_fenced_report_ends_the_assignment_as_lost_and_places_the_job_again(
+    cluster: Cluster,
+) -> None:
+    """A worker whose incarnation lives on reports a run its fence killed (``fenced``): the
+    assignment ends lost (``self_fence``), the job is pending again at once with one loss and
+    no attempt spent (one when it counts losses), and can be placed again on the same worker; a
+    copy of the report changes nothing, nor does one for an assignment the leader ended."""
+    incarnation = await cluster.register("w-1")
+    job_id, counting = await cluster.submit(), await cluster.submit()
+    await cluster.admin.execute("UPDATE jobs SET count_lost = true, max_attempts = 3 WHERE id = $1", counting)
+    aid = await cluster.place(job_id, "w-1", incarnation)
+    counting_aid = await cluster.place(counting, "w-1", incarnation)
+    assert aid is not None and counting_aid is not None
+    detail = "killed by its reaper at the fence deadline: killed by signal 9"
+    reports = [outcome(a, j, "fenced", -9, detail) for a, j in ((aid, job_id), (counting_aid, counting))]
+    await cluster.heartbeat("w-1", incarnation, *reports)
+    assert await cluster.assignment(aid) == {
+        "state": "lost",
+        "end_reason": "self_fence",
+        "outcome": None,
+        "exit_code": None,
+    }
+    rows = {
+        r["id"]: dict(r)
+        for r in await cluster.admin.fetch(
+            "SELECT id, state, failures, losses, not_before FROM jobs WHERE id = ANY($1::bigint[])",
+            [job_id, counting],
+        )
+    }
+    assert rows[job_id] == {"id": job_id, "state": "pending", "failures": 0, "losses": 1, "not_before": None}
+    assert rows[counting] == {
+        "id": counting,
+        "state": "pending",
+        "failures": 1,
+        "losses": 1,
+        "not_before": None,
+    }
+    await cluster.heartbeat("w-1", incarnation, *reports)  # a copy
+    assert (await cluster.job(job_id))["state"] == "pending"
+    again = await cluster.place(job_id, "w-1", incarnation)
+    assert again is not None and again != aid
+    await cluster.heartbeat("w-1", incarnation, reports[0])  # late: of the ended assignment
+    assert (await cluster.assignment(again))["state"] == "active"
+    assert (await cluster.job(job_id))["state"] == "assigned"
+
+
 UNSPENT = ("not_started", "released", "drained", "worker_left")
 """Ends of a running job's assignment that spend no attempt and count no loss."""
 LOST = ("worker_dead", "withdrawn")

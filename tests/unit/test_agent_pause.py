@@ -335,6 +335,56 @@ async def test_a_job_its_reaper_refused_during_a_pause_is_reported_not_started(
     assert len(cp.registrations) == 1
 
 
+@attrs.define
+class KilledAtTheFence:
+    """A runner whose every job starts, then is killed by its reaper at the fence while the
+    agent is paused and its own kill deadline not yet reached (the reaper's clock reads the
+    deadline file a little ahead, or reads an older deadline): fenced, started."""
+
+    async def __call__(self, runtime: JobRuntime, *, pause: Any = None, **_: Any) -> JobResult:
+        began_at = trio.current_time()
+        while pause.paused_since() is None:
+            await pause.changed.wait()
+        return JobResult(
+            state=JobState.CANCELLED,
+            stopped=True,
+            fenced=True,
+            exit_code=-9,
+            began_at=began_at,
+            ended_at=trio.current_time(),
+            detail="killed by its reaper at the fence deadline: killed by signal 9",
+            started=True,
+        )
+
+
+async def test_a_started_job_its_reaper_killed_during_a_pause_is_reported_fenced(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """A job that started and was killed by its reaper at the fence during a pause that then
+    resumes (the same incarnation lives on) is reported ``fenced`` until a reply acknowledges
+    it, so the control plane ends its assignment: otherwise it would stay running for ever."""
+    cp = ScriptedControlPlane()
+    agent = Agent(agent_settings(tmp_path, db_outage_grace_s=GRACE_S), cp, runner=KilledAtTheFence())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(agent.run, "127.0.0.1:9")
+        await agent.wait_registered()
+        assert assign(agent, sleep_job(1)) == {1: "accepted"}
+        await trio.sleep(0.1)
+        cp.mode = "down"
+        await trio.sleep(FENCE_S + 2.0)
+        cp.mode = "up"
+        await trio.sleep(2 * HEARTBEAT_S + 1.5)
+        assert agent.incarnation == 1 and agent.running_assignment_ids == ()
+        nursery.cancel_scope.cancel()
+    assert stops(tmp_path) == {1: "self_fence"}
+    reported = [(t, o) for t, hb in cp.heartbeats for o in hb.finished]
+    assert {o.assignment_id for _, o in reported} == {1}
+    assert {o.state for _, o in reported} == {JobState.FENCED}
+    assert "killed by its reaper" in reported[0][1].detail
+    assert cp.heartbeats[-1][1].finished == ()
+    assert len(cp.registrations) == 1
+
+
 def test_sleep_end_adds_the_pauses_that_fall_before_it() -> None:
     """A 10 s sleep begun at 0 with pauses [2, 5) and [11, 12): it has run 10 s at 14."""
 

@@ -949,6 +949,8 @@ class JobOutcome(betterproto2.Message):
     """
     succeeded, failed, cancelled, or not_started: accepted, never started, ended by the
     worker on its own (its reaper found the fence deadline passed); the job is placed again.
+    Or fenced: started, then killed by the worker's fence on its own while its incarnation may
+    live on; the run is lost and the job placed again.
     """
 
     has_exit_code: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
