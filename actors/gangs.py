@@ -78,9 +78,13 @@ class GangQueue:
     _accounts: tuple[int, set[str]] | None = None
     _held: dict[int, tuple[int, int]] = attrs.field(factory=dict)
     """Job id -> (gang id, rank) of every task held: what :meth:`remove` looks up."""
+    _built: dict[int, PendingGang] = attrs.field(factory=dict)
+    """The whole gangs as :meth:`whole` last made them, by id."""
+    _dirty: set[int] = attrs.field(factory=set)
+    """The gangs changed since: :meth:`whole` makes only these again."""
 
     def __len__(self) -> int:
-        return sum(len(t) for t in self._tasks.values())
+        return len(self._held)
 
     def replace(
         self,
@@ -92,7 +96,8 @@ class GangQueue:
         """Hold exactly these (job, gang task, stored reason) triples; a gang held whole before
         keeps when it became whole."""
         since = self._since
-        self._tasks, self._since, self._held = {}, {}, {}
+        self._tasks, self._since, self._held, self._built, self._dirty = {}, {}, {}, {}, set()
+        self._whole = None
         self.add(tasks, now=now, not_before=not_before)
         for gang_id in self._tasks:
             if gang_id in since:
@@ -113,6 +118,7 @@ class GangQueue:
             held = self._tasks.setdefault(task.gang_id, {})
             held[task.rank] = (job, task, reason, not_before.get(job.job_id, -np.inf))
             self._held[job.job_id] = (task.gang_id, task.rank)
+            self._dirty.add(task.gang_id)
             added = True
             if len(held) == task.size:
                 self._since.setdefault(task.gang_id, now)
@@ -137,6 +143,7 @@ class GangQueue:
             gang_id, rank = found
             held = self._tasks[gang_id]
             del held[rank]
+            self._dirty.add(gang_id)
             changed = True
             self._since.pop(gang_id, None)
             if not held:
@@ -154,33 +161,43 @@ class GangQueue:
             held = self._tasks[gang_id]
             job, task, _reason, wait = held[rank]
             held[rank] = (job, task, reason, wait)
+            self._dirty.add(gang_id)
             self._whole = None
 
     def whole(self) -> list[PendingGang]:
         """The gangs all of whose tasks are held, by priority (highest first), then gang id
-        (worked out again only after a change)."""
-        if self._whole is not None and self._whole[0] == self.version:
+        (worked out again only after a change, and only for the gangs it changed)."""
+        if self._whole is not None and self._whole[0] == self.version and not self._dirty:
             return self._whole[1]
-        gangs = []
-        for gang_id, held in self._tasks.items():
-            first = next(iter(held.values()))[1]
-            if len(held) != first.size or set(held) != set(range(first.size)):
-                continue
-            ranked = [held[r] for r in range(first.size)]
-            gangs.append(
-                PendingGang(
-                    gang_id=gang_id,
-                    task_ids=tuple(job.job_id for job, *_ in ranked),
-                    job=ranked[0][0],
-                    spread=first.spread,
-                    since=self._since.get(gang_id, 0.0),
-                    not_before=max(wait for *_, wait in ranked),
-                    reasons={job.job_id: reason for job, _, reason, _ in ranked if reason},
-                )
-            )
-        ordered = sorted(gangs, key=lambda g: (-g.job.priority, g.gang_id))
+        for gang_id in self._dirty:
+            gang = self._made(gang_id)
+            if gang is None:
+                self._built.pop(gang_id, None)
+            else:
+                self._built[gang_id] = gang
+        self._dirty.clear()
+        ordered = sorted(self._built.values(), key=lambda g: (-g.job.priority, g.gang_id))
         self._whole = (self.version, ordered)
         return ordered
+
+    def _made(self, gang_id: int) -> PendingGang | None:
+        """The gang ``gang_id`` as held now, if all of its tasks are."""
+        held = self._tasks.get(gang_id)
+        if not held:
+            return None
+        first = next(iter(held.values()))[1]
+        if len(held) != first.size or set(held) != set(range(first.size)):
+            return None
+        ranked = [held[r] for r in range(first.size)]
+        return PendingGang(
+            gang_id=gang_id,
+            task_ids=tuple(job.job_id for job, *_ in ranked),
+            job=ranked[0][0],
+            spread=first.spread,
+            since=self._since.get(gang_id, 0.0),
+            not_before=max(wait for *_, wait in ranked),
+            reasons={job.job_id: reason for job, _, reason, _ in ranked if reason},
+        )
 
 
 @attrs.frozen(kw_only=True)
