@@ -58,9 +58,15 @@ async def console_on(
 
 
 async def get(
-    console: Console, path: str, headers: dict[str, str] | None = None, *, method: str = "GET"
+    console: Console,
+    path: str,
+    headers: dict[str, str] | None = None,
+    *,
+    method: str = "GET",
+    body: bytes | None = None,
 ) -> tuple[int, dict[str, str], str]:
-    """(status, headers, body) of one request to ``console``, sent from a thread."""
+    """(status, headers, body) of one request to ``console`` (with ``body``, if given), sent
+    from a thread."""
     host, port = "127.0.0.1", console.http_port
 
     def request() -> tuple[int, dict[str, str], str]:
@@ -73,7 +79,7 @@ async def get(
         else:
             conn = http.client.HTTPConnection(host, port, timeout=10)
         try:
-            conn.request(method, path, headers=headers or {})
+            conn.request(method, path, body=body, headers=headers or {})
             response = conn.getresponse()
             return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read().decode()
         finally:
