@@ -24,11 +24,16 @@
 
   // The token travels in the fragment (never sent to a server); keep it for this tab only
   // and take it out of the address bar.
-  const fragment = new URLSearchParams(location.hash.slice(1));
-  if (fragment.has("token")) {
-    sessionStorage.setItem(TOKEN_KEY, fragment.get("token"));
-    history.replaceState(null, "", location.pathname + location.search);
+  // Also when a new login URL is opened over this same page (only its fragment differs).
+  function takeToken() {
+    const fragment = new URLSearchParams(location.hash.slice(1));
+    if (fragment.has("token")) {
+      sessionStorage.setItem(TOKEN_KEY, fragment.get("token"));
+      history.replaceState(null, "", location.pathname + location.search);
+    }
   }
+  takeToken();
+  window.addEventListener("hashchange", takeToken);
   const token = () => sessionStorage.getItem(TOKEN_KEY);
 
   let consoles = [{ id: body.dataset.home, url: location.origin }];
