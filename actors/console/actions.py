@@ -23,7 +23,7 @@ from actors.ingest_gate import open_pool
 from actors.logs import LogRelay
 from protocol import pb
 from runtime import log
-from runtime.aio import Caller, PgPool
+from runtime.aio import Caller
 from runtime.aio.grpc_access import RPC_CALLER, check_access
 from runtime.errors import (
     DatabaseUnavailable,
@@ -106,22 +106,23 @@ class ConsoleActions:
     open_timeout_s: float
     """Longest the first action waits for the pool to open, in seconds."""
     _service: ControlPlaneService | None = None
-    _pool: PgPool | None = None
+    """The handlers, over their own pool; None until the first action."""
     _lock: trio.Lock = attrs.field(factory=trio.Lock)
     _log: Any = attrs.field(factory=lambda: log.get("console"))
 
     async def _handlers(self) -> ControlPlaneService:
         async with self._lock:
             if self._service is None:
+                pool = None
                 with trio.move_on_after(self.open_timeout_s):
-                    self._pool = await open_pool(self.cp_id, self.database_url, ACTIONS_SETTINGS)
-                if self._pool is None:
+                    pool = await open_pool(self.cp_id, self.database_url, ACTIONS_SETTINGS)
+                if pool is None:
                     raise DatabaseUnavailable(
                         f"the database did not answer within {self.open_timeout_s:g} s: nothing was changed"
                     )
                 self._service = ControlPlaneService(
                     cp_id=self.cp_id,
-                    pool=self._pool,
+                    pool=pool,
                     settings=ACTIONS_SETTINGS,
                     lag=LoopLag(loop="console"),
                     logs=self.logs,
@@ -168,8 +169,7 @@ class ConsoleActions:
         return 200, True, views.action_outcome(action, target, done.reply)
 
     async def close(self) -> None:
-        """Close the pool, if it was opened."""
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+        """Close the handlers' pool, if the first action opened it."""
+        if self._service is not None:
+            await self._service.pool.close()
             self._service = None

@@ -117,7 +117,7 @@ def event_of(row: Mapping[str, Any]) -> dict[str, Any]:
         parts.append(ended.strip(", "))
     if row["not_before_unix_s"] is not None:
         parts.append(f"not before {clock(row['not_before_unix_s'])}")
-    if row["detail"]:
+    if row["detail"] and row["detail"] != f"exit code {row['exit_code']}":
         parts.append(str(row["detail"]))
     return {
         "kind": row["kind"],

@@ -15,6 +15,7 @@ import asyncio
 import os
 import shutil
 import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 
 import asyncpg
 import pytest
+from test_drain_on_a_cluster import gates_folder
 
 from ops import rpc
 from ops.cluster import LocalCluster
@@ -39,8 +41,8 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 SHARED_SCREENSHOTS = Path("/tmp/console-screenshots")
 DOCS_SCREENSHOTS = "STOCKADE_CONSOLE_DOCS_SCREENSHOTS"
 """Environment variable naming a folder for the screenshots docs/console.md shows."""
-DOCS_WINDOW = (1100, 720)
-"""The window size of the screenshots for the docs (small images)."""
+PNGQUANT = shutil.which("pngquant")
+"""Shrinks the docs' screenshots to a few colours where it is installed (apt-get install pngquant)."""
 TAKEOVER_SHOWN_WITHIN_S = 2.0
 """The new leader and epoch must be on the open page this soon after the takeover (its
 ``acquired_at`` in lease_history, by the database's clock, on this same machine)."""
@@ -74,7 +76,7 @@ def browser() -> Iterator[Any]:
         "--disable-gpu",
         "--disable-dev-shm-usage",
         "--ignore-certificate-errors",
-        "--window-size=1400,1000",
+        "--window-size=1100,720",
     ):
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
@@ -105,6 +107,22 @@ def screenshots(tmp_path: Path) -> Shot:
         if docs and docs_too:
             Path(docs).mkdir(parents=True, exist_ok=True)
             shutil.copy(path, Path(docs) / path.name)
+            if PNGQUANT:
+                subprocess.run(
+                    [
+                        PNGQUANT,
+                        "--force",
+                        "--ext",
+                        ".png",
+                        "--strip",
+                        "--speed",
+                        "1",
+                        "32",
+                        str(Path(docs) / path.name),
+                    ],
+                    check=True,
+                    timeout=60,
+                )
         return path
 
     return shot
@@ -241,7 +259,7 @@ def test_every_page_shows_the_cluster_and_a_job_reaching_succeeded(
         what="the job succeeded",
     )
     assert "console <b>e2e</b>" in (text_of(browser, "jobs") or "")  # markup shown as text
-    screenshots(browser, "jobs", docs_too=True)
+    screenshots(browser, "jobs")
 
     browser.get(f"{home}/jobs/{job_id}")
     wait_until(lambda: text_of(browser, "job-state") == "succeeded", timeout_s=10, what="the job's page")
@@ -251,7 +269,7 @@ def test_every_page_shows_the_cluster_and_a_job_reaching_succeeded(
         what="the job's output",
     )
     assert "w-" in (text_of(browser, "attempts") or "")
-    screenshots(browser, "job", docs_too=True)
+    screenshots(browser, "job")
 
     for path, element, name in (
         ("/workers", "workers", "workers"),
@@ -260,7 +278,7 @@ def test_every_page_shows_the_cluster_and_a_job_reaching_succeeded(
     ):
         browser.get(home + path)
         wait_until(lambda element=element: text_of(browser, element) is not None, timeout_s=10, what=path)
-        screenshots(browser, name, docs_too=True)
+        screenshots(browser, name, docs_too=name != "worker")
 
     browser.get(f"{home}/jobs/999999")
     wait_until(lambda: text_of(browser, "status") == "Not found", timeout_s=10, what="the 404 part")
@@ -362,14 +380,7 @@ def test_a_running_jobs_page_is_painted_with_its_content_and_its_output_at_the_n
         name="follow", cpu_millis=100, memory_mb=64, command=pb.CommandRuntime(argv=["sh", "-c", writes])
     )
     job_id = int(rpc.call(addresses, "submit_job", pb.SubmitJobRequest(spec=spec), tls=tls).job_id)
-    array = pb.JobSpec(
-        name="sh",
-        cpu_millis=100,
-        memory_mb=64,
-        command=pb.CommandRuntime(argv=["true"]),
-        array=pb.JobArray(first_index=0, last_index=2),
-    )
-    array_id = int(rpc.call(addresses, "submit_job", pb.SubmitJobRequest(spec=array), tls=tls).job_id)
+    array_id = submit(ready, SH_ARRAY)
 
     browser.get(login_url(home, viewer_token(cluster), f"/jobs/{job_id}"))
     # Read at once, with no waiting: what the page showed when it had loaded.
@@ -450,21 +461,8 @@ def do_action(driver: Any, button_id: str, *, deadline_s: str | None = None) -> 
     return question, text_of(driver, "action-message") or ""
 
 
-def gates_folder(tmp_path: Path) -> Path:
-    """A folder the jobs can see (they run as the agent's job user when the tests run as root)."""
-    from runtime.os_users import ensure_traversable
-
-    folder = tmp_path / "gates"
-    folder.mkdir()
-    folder.chmod(0o1777)
-    ensure_traversable(folder)
-    return folder
-
-
-def submit(ready: Any, name: str, script: str) -> int:
-    spec = pb.JobSpec(
-        name=name, cpu_millis=100, memory_mb=64, command=pb.CommandRuntime(argv=["sh", "-c", script])
-    )
+def submit(ready: Any, spec: pb.JobSpec) -> int:
+    """Submit ``spec`` to the cluster as its operator; returns the job's id."""
     reply = rpc.call(
         ready.config.control_plane_addresses,
         "submit_job",
@@ -472,6 +470,22 @@ def submit(ready: Any, name: str, script: str) -> int:
         tls=ready.config.client_tls,
     )
     return int(reply.job_id)
+
+
+def command(name: str, script: str) -> pb.JobSpec:
+    return pb.JobSpec(
+        name=name, cpu_millis=100, memory_mb=64, command=pb.CommandRuntime(argv=["sh", "-c", script])
+    )
+
+
+SH_ARRAY = pb.JobSpec(
+    name="sh",
+    cpu_millis=100,
+    memory_mb=64,
+    command=pb.CommandRuntime(argv=["true"]),
+    array=pb.JobArray(first_index=0, last_index=2),
+)
+"""An array of three tasks, sh[0] to sh[2]."""
 
 
 def test_actions_ask_first_show_their_result_refuse_a_viewer_and_are_audited(
@@ -484,9 +498,8 @@ def test_actions_ask_first_show_their_result_refuse_a_viewer_and_are_audited(
     call) lists those four actions as the operator's and none as the viewer's."""
     ready = cluster.up(control_planes=1, workers=2)
     home = ready.config.console_urls()["cp-1"]
-    browser.set_window_size(*DOCS_WINDOW)
     gate = gates_folder(tmp_path) / "never"
-    job_id = submit(ready, "to cancel", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    job_id = submit(ready, command("to cancel", f"while [ ! -e {gate} ]; do sleep 0.05; done"))
 
     browser.get(login_url(home, viewer_token(cluster), f"/jobs/{job_id}"))
     wait_until(lambda: text_of(browser, "job-state") == "running", timeout_s=30, what="the job running")
@@ -509,7 +522,7 @@ def test_actions_ask_first_show_their_result_refuse_a_viewer_and_are_audited(
 
     _, answer = do_action(browser, "action-cancel")
     assert answer in (f"Done: job {job_id}: cancelling", f"Done: job {job_id}: cancelled"), answer
-    screenshots(browser, "action-done", docs_too=True)
+    screenshots(browser, "action-done")
     try:
         wait_until(
             lambda: (text_of(browser, "job-state") or "").startswith("cancelled"),
@@ -559,7 +572,7 @@ def test_a_cross_site_form_post_and_a_request_without_the_action_header_are_refu
     ready = cluster.up(control_planes=1, workers=1)
     home = ready.config.console_urls()["cp-1"]
     gate = gates_folder(tmp_path) / "never"
-    job_id = submit(ready, "not cancelled", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    job_id = submit(ready, command("not cancelled", f"while [ ! -e {gate} ]; do sleep 0.05; done"))
     action = f"{home}/action/jobs/{job_id}/cancel"
 
     # A page of another origin (here an opaque one: Origin null) whose form posts to the console.
@@ -610,7 +623,6 @@ def test_the_whole_output_pages_follows_and_downloads_and_the_jobs_page_searches
     its run; the jobs page finds it by id and by name, and an array's task by name[index]."""
     ready = cluster.up(control_planes=1, workers=1)
     home = ready.config.console_urls()["cp-1"]
-    browser.set_window_size(*DOCS_WINDOW)
     downloads = tmp_path / "downloads"
     downloads.mkdir()
     browser.execute_cdp_cmd(
@@ -621,7 +633,7 @@ def test_the_whole_output_pages_follows_and_downloads_and_the_jobs_page_searches
         f"i=0; while [ $i -lt {OUTPUT_LINES} ]; do echo line $i; i=$((i+1)); done; "
         f"while [ ! -e {gate} ]; do sleep 0.05; done; echo after the gate"
     )
-    job_id = submit(ready, "pages", script)
+    job_id = submit(ready, command("pages", script))
 
     browser.get(login_url(home, viewer_token(cluster), f"/jobs/{job_id}/output?stream=stdout"))
     wait_until(
@@ -666,23 +678,10 @@ def test_the_whole_output_pages_follows_and_downloads_and_the_jobs_page_searches
         "return Array.from(document.querySelectorAll('#events li')).map((e) => e.dataset.kind)"
     )
     assert kinds[0] == "submitted" and "placed" in kinds and kinds[-1] == "final", kinds
+    browser.execute_script("document.getElementById('job-runs').scrollIntoView()")
     screenshots(browser, "job-history", docs_too=True)
 
-    array = pb.JobSpec(
-        name="sh",
-        cpu_millis=100,
-        memory_mb=64,
-        command=pb.CommandRuntime(argv=["true"]),
-        array=pb.JobArray(first_index=0, last_index=2),
-    )
-    array_id = int(
-        rpc.call(
-            ready.config.control_plane_addresses,
-            "submit_job",
-            pb.SubmitJobRequest(spec=array),
-            tls=ready.config.client_tls,
-        ).job_id
-    )
+    array_id = submit(ready, SH_ARRAY)
     browser.get(f"{home}/jobs")
     wait_until(lambda: text_of(browser, "jobs") is not None, timeout_s=10, what="the jobs page")
     browser.execute_script(

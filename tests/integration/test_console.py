@@ -99,6 +99,20 @@ async def seed_cluster(database_url: str) -> int:
             await db.close()
 
 
+async def seed_alice_and_bob(database_url: str) -> tuple[int, int]:
+    """The cluster of :func:`seed_cluster`, its job alice's, and a pending job of bob's;
+    returns (alice's job id, bob's)."""
+    async with asyncio_bridge():
+        db = await PgConnection.connect(database_url)
+        try:
+            alices = await _seed(db)
+            bobs = await insert_job(db, "bobs-job", 500, 256, 0, "command", None, ["echo", "bob"])
+            await db.execute("UPDATE jobs SET owner = CASE WHEN id = $1 THEN 'alice' ELSE 'bob' END", alices)
+        finally:
+            await db.close()
+    return alices, bobs
+
+
 async def _seed(db: PgConnection) -> int:
     await db.execute("UPDATE lease SET holder = 'cp-1', epoch = 4, expires_at = now() + interval '1 hour'")
     await db.execute(
@@ -337,14 +351,7 @@ async def test_a_user_and_a_scoped_viewer_see_only_their_accounts_jobs(
     and find bob's job a 404 page; the viewer of every account lists both, with their owners."""
     issue(certs, role="user", id="alice")
     issue(certs, role="viewer", id="v-alice", account="alice")
-    async with asyncio_bridge():
-        db = await PgConnection.connect(database_url)
-        try:
-            alices = await _seed(db)
-            bobs = await insert_job(db, "bobs-job", 500, 256, 0, "command", None, ["echo", "bob"])
-            await db.execute("UPDATE jobs SET owner = CASE WHEN id = $1 THEN 'alice' ELSE 'bob' END", alices)
-        finally:
-            await db.close()
+    alices, bobs = await seed_alice_and_bob(database_url)
 
     def bearer(id: str) -> dict[str, str]:
         token = make_token(TlsFiles.in_dir(certs, id), now_unix_s=time.time(), lifetime_s=600)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from seeding import insert_job
-from test_console import _seed, console_on, get
+from test_console import console_on, get, seed_alice_and_bob
 
 from actors.console import Console
 from ops.certs import init_cluster, issue
@@ -41,20 +41,6 @@ async def fetch(database_url: str, sql: str, *args: Any) -> list[Any]:
             return list(await db.fetch(sql, *args))
         finally:
             await db.close()
-
-
-async def seed(database_url: str) -> tuple[int, int]:
-    """The cluster of test_console (cp-1 leads, worker w-1, one pending job, alice's) and a
-    pending job of bob's; returns (alice's job id, bob's)."""
-    async with asyncio_bridge():
-        db = await PgConnection.connect(database_url)
-        try:
-            alices = await _seed(db)
-            bobs = await insert_job(db, "bobs-job", 500, 256, 0, "command", None, ["echo", "bob"])
-            await db.execute("UPDATE jobs SET owner = CASE WHEN id = $1 THEN 'alice' ELSE 'bob' END", alices)
-        finally:
-            await db.close()
-    return alices, bobs
 
 
 def bearer(certs: Path, id: str) -> dict[str, str]:
@@ -88,7 +74,7 @@ async def test_an_operator_cancels_a_job_and_the_audit_trail_names_the_tokens_id
 ) -> None:
     """An operator's cancel from the console cancels the pending job and writes one audit row
     naming the operator, as `stockade cancel` would."""
-    alices, _ = await seed(database_url)
+    alices, _ = await seed_alice_and_bob(database_url)
     async with console_on(database_url, tls=TlsFiles.in_dir(certs, "cp-1")) as console:
         status, body = await act(console, f"/action/jobs/{alices}/cancel", bearer(certs, "operator"))
     assert status == 200, body
@@ -103,7 +89,7 @@ async def test_an_operator_cancels_a_job_and_the_audit_trail_names_the_tokens_id
 async def test_a_viewer_is_refused_every_action_and_nothing_changes(database_url: str, certs: Path) -> None:
     """A viewer's cancel, cordon, uncordon and drain are each refused (403, saying why); the job
     stays pending, the worker uncordoned, and the audit trail empty."""
-    alices, _ = await seed(database_url)
+    alices, _ = await seed_alice_and_bob(database_url)
     async with console_on(database_url, tls=TlsFiles.in_dir(certs, "cp-1")) as console:
         answers = [
             await act(console, path, bearer(certs, "viewer"))
@@ -127,7 +113,7 @@ async def test_a_viewer_is_refused_every_action_and_nothing_changes(database_url
 async def test_a_user_cancels_its_own_job_only_and_may_not_cordon(database_url: str, certs: Path) -> None:
     """alice (a user) cancels her job; bob's is as no job to her (404) and stays pending; her
     cordon is refused (403)."""
-    alices, bobs = await seed(database_url)
+    alices, bobs = await seed_alice_and_bob(database_url)
     async with console_on(database_url, tls=TlsFiles.in_dir(certs, "cp-1")) as console:
         own = await act(console, f"/action/jobs/{alices}/cancel", bearer(certs, "alice"))
         other = await act(console, f"/action/jobs/{bobs}/cancel", bearer(certs, "alice"))
@@ -144,7 +130,7 @@ async def test_cordon_drain_and_uncordon_change_the_worker_and_are_audited(
 ) -> None:
     """An operator's cordon, drain (with a deadline) and uncordon each change worker w-1 as the
     gRPC calls do, answer what the worker is now, and leave one audit row each, in order."""
-    await seed(database_url)
+    await seed_alice_and_bob(database_url)
     operator = bearer(certs, "operator")
     async with console_on(database_url, tls=TlsFiles.in_dir(certs, "cp-1")) as console:
         cordon = await act(console, "/action/workers/w-1/cordon", operator)
@@ -175,7 +161,7 @@ async def test_cross_site_requests_change_nothing(database_url: str, certs: Path
     """A form post of another site (foreign Origin, no action header), a request with no Origin,
     and one without the action header are each refused (403) before any login check or
     change; a preflight from a foreign origin is not allowed."""
-    alices, _ = await seed(database_url)
+    alices, _ = await seed_alice_and_bob(database_url)
     operator = bearer(certs, "operator")
     path = f"/action/jobs/{alices}/cancel"
     async with console_on(database_url, tls=TlsFiles.in_dir(certs, "cp-1")) as console:
@@ -247,7 +233,7 @@ async def test_the_job_part_shows_its_history_and_actions(database_url: str, cer
     """A pending job's part shows its history (submitted, as `stockade job --events` has it) and
     a cancel button; after an operator's cancel the history ends with the cancel and the button
     is gone. The output page of a job that never ran says why it shows none."""
-    alices, _ = await seed(database_url)
+    alices, _ = await seed_alice_and_bob(database_url)
     async with console_on(database_url, tls=TlsFiles.in_dir(certs, "cp-1")) as console:
         before = await get(console, f"/part/jobs/{alices}", bearer(certs, "viewer"))
         await act(console, f"/action/jobs/{alices}/cancel", bearer(certs, "operator"))
