@@ -164,8 +164,8 @@ class ConsoleActions:
             return 404, False, str(exc)
         except (InvalidArgument, IdempotencyConflict) as exc:
             return 400, False, str(exc)
-        except StockadeError as exc:
-            return 503, False, f"{exc}: nothing was changed; try again"
+        except StockadeError as exc:  # Busy, DatabaseUnavailable: temporary, nothing was stored
+            return 503, False, str(exc)
         return 200, True, views.action_outcome(action, target, done.reply)
 
     async def close(self) -> None:

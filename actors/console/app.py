@@ -241,7 +241,9 @@ class ConsoleApp:
             status, message = 404, f"no action {name!r} on {kind}"
         else:
             status, ok, message = await self._act(request, name, target)
-        html = self.render("parts/action_result.html", ok=ok, message=message, action=name, target=target)
+        html = self.render(
+            "parts/action_result.html", ok=ok, message=message, action=name, target=target, status=status
+        )
         return HTMLResponse(html, status_code=status, headers={**self._security_headers(), **cors})
 
     async def _act(self, request: Request, name: str, target: str) -> tuple[int, bool, str]:
@@ -374,6 +376,8 @@ class ConsoleApp:
                 else None
             ),
             paged=before is not None,
+            name_part=name_part,
+            task_index=index,
         )
 
     async def _job_reads(self, request: Request, *, events: bool) -> tuple[int, Any, Any, Any, Any]:

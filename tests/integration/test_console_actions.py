@@ -226,6 +226,7 @@ async def test_the_jobs_part_pages_and_searches_by_id_name_and_task(database_url
     assert listed(by_array[2]) == [ids[12], ids[11], ids[10]]
     assert listed(by_name[2]) == sorted([ids[5], *ids[50:60]], reverse=True)
     assert listed(by_task[2]) == [ids[11]] and "job-10[1]" in by_task[2]
+    assert "task 1 of an array whose name contains &ldquo;job-10&rdquo;" in by_task[2]
     assert bad_id[0] == 400 and "id must be a job id" in bad_id[2]
 
 
@@ -246,3 +247,47 @@ async def test_the_job_part_shows_its_history_and_actions(database_url: str, cer
     assert 'id="action-cancel"' not in after[2]
     assert output[0] == 200 and 'id="output-note"' in output[2]
     assert bad_stream[0] == 400
+
+
+async def test_an_arrays_task_page_cancels_the_array_or_the_task_alone(
+    database_url: str, certs: Path
+) -> None:
+    """A task's page offers "cancel the array" (posted to the array's id) and "cancel this
+    task"; the task alone is cancelled by the second, and every task left by the first."""
+    async with asyncio_bridge():
+        db = await PgConnection.connect(database_url)
+        try:
+            ids = [await insert_job(db, "sh", 100, 64, 0, "sleep", 1000, None) for _ in range(3)]
+            await db.execute(
+                "UPDATE jobs SET array_id = $1, array_index = id - $1 WHERE id = ANY($2::bigint[])",
+                ids[0],
+                ids,
+            )
+        finally:
+            await db.close()
+    operator = bearer(certs, "operator")
+    async with console_on(database_url, tls=TlsFiles.in_dir(certs, "cp-1")) as console:
+        page = await get(console, f"/part/jobs/{ids[1]}", operator)
+        task = await act(console, f"/action/jobs/{ids[1]}/cancel-task", operator)
+        states_after_task = [
+            r["state"] for r in await fetch(database_url, "SELECT state FROM jobs ORDER BY id")
+        ]
+        array = await act(console, f"/action/jobs/{ids[0]}/cancel", operator)
+    assert f'data-action-url="/action/jobs/{ids[0]}/cancel"' in page[2] and "cancel the array" in page[2]
+    assert f'data-action-url="/action/jobs/{ids[1]}/cancel-task"' in page[2]
+    assert task[0] == 200 and f"job {ids[1]}: cancelled" in task[1]
+    assert states_after_task == ["pending", "cancelled", "pending"]
+    assert array[0] == 200 and f"job {ids[0]}: cancelled (2 tasks)" in array[1]
+    assert [r["state"] for r in await fetch(database_url, "SELECT state FROM jobs")] == ["cancelled"] * 3
+
+
+async def test_without_tls_an_action_is_taken_and_audited_as_the_plaintext_caller(database_url: str) -> None:
+    """A console of a cluster run with --insecure asks for no login: its cancel is carried out
+    as a plaintext gRPC call is, and audited as plaintext/anonymous; the cross-site checks hold."""
+    alices, bobs = await seed_alice_and_bob(database_url)
+    async with console_on(database_url) as console:
+        done = await act(console, f"/action/jobs/{alices}/cancel", {})
+        foreign = await act(console, f"/action/jobs/{bobs}/cancel", {}, origin="http://127.0.0.1:1")
+    assert done[0] == 200 and foreign[0] == 403
+    rows = await fetch(database_url, "SELECT role, actor_id, action FROM audit_log")
+    assert [tuple(r.values()) for r in rows] == [("plaintext", "anonymous", "cancel")]
