@@ -237,6 +237,8 @@ class ConsoleApp:
         if refusal is not None:
             self._refused(refusal)
             status, message = 403, refusal
+        # An action acts on what its RPC names: cancel_job on /action/jobs/..., *_worker on
+        # /action/workers/...; an unknown action matches no kind.
         elif self.actions is None or kind != ACTIONS.get(name, "").partition("_")[2] + "s":
             status, message = 404, f"no action {name!r} on {kind}"
         else:
