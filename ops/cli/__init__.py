@@ -97,12 +97,18 @@ def _run_fast(args: list[str]) -> None:
     gc.disable()
     from ops.cli import fast
 
-    status = fast.run(args)
+    try:
+        status = fast.run(args)
+        if status is not None:
+            sys.stdout.flush()
+    except KeyboardInterrupt:  # as the Typer app ends on Ctrl-C: status 130, nothing said
+        status = _EXIT_INTERRUPTED
+    except BrokenPipeError:  # as the Typer app ends when its reader is gone: status 1, quietly
+        os._exit(1)
     if status is None:
         sys.argv[1:] = args
         gc.enable()
         return
-    sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
 

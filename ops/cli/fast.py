@@ -2,9 +2,9 @@
 without Typer and called over asyncio without trio (docs/development.md, "How fast `stockade`
 starts"). It takes only what it reads with certainty and the happy path: a command line it does
 not know for sure (an unknown or repeated option, a value it would have to judge, ``--help`` of a
-command), or a call that the first control plane does not answer, is left to the Typer command
-(:func:`run` returns None), which reads it again and says what is wrong as it always has; a
-submit left so carries the idempotency key already sent, so the job is stored once.
+command), and a call that no control plane answers or that one refuses, is left to the Typer
+command (:func:`run` returns None), which reads it again and says what is wrong as it always
+has; a submit left so carries the idempotency key already sent, so the job is stored once.
 """
 
 from __future__ import annotations
@@ -312,11 +312,22 @@ def _protocol() -> Any:
     return pb
 
 
-def _first_answer(addresses: list[str], rpc: str, request: Any) -> Any:
-    """The reply of ControlPlane method ``rpc`` from the first of ``addresses``, the replica the
-    trio client asks first, over asyncio with the certificate a client command presents; None
-    when it does not answer (then the Typer command walks the replicas and says how each failed)."""
+class _NoAnswer(Exception):
+    """No control plane answered the fast path's call: the Typer command calls again."""
+
+
+def _answer(addresses: list[str], rpc: str, request: Any) -> Any:
+    """The reply of ControlPlane method ``rpc`` over asyncio, with the certificate a client
+    command presents, from the first of ``addresses`` that answers, asked in the order the trio
+    client asks them, each within its per-replica timeout; one that refuses the connection or
+    stays silent is left for the next, as that client leaves it.
+
+    Raises:
+        _NoAnswer: none answered (the Typer command then walks them again and says how each
+            failed); anything else a replica said or the call met (that command says it).
+    """
     import asyncio
+    import ssl
 
     import grpclib.client
     import grpclib.config
@@ -327,11 +338,11 @@ def _first_answer(addresses: list[str], rpc: str, request: Any) -> Any:
     from runtime.tls import ANY_CONTROL_PLANE, ClientTls
 
     parse_addresses(addresses, field="control_planes")
-    where = parse_address(addresses[0], field="address")
     files = resolve_client_tls()
     target = None if files is None else ClientTls(files).target(ANY_CONTROL_PLANE)
 
-    async def call() -> Any:
+    async def call(address: str) -> Any:
+        where = parse_address(address, field="address")
         if target is None:
             channel = grpclib.client.Channel(where.host, where.port)
         else:
@@ -343,12 +354,22 @@ def _first_answer(addresses: list[str], rpc: str, request: Any) -> Any:
         finally:
             channel.close()
 
-    return asyncio.run(call())
+    async def walk() -> Any:
+        for address in addresses:
+            try:
+                return await call(address)
+            except ssl.SSLError:
+                raise
+            except (TimeoutError, OSError):  # silent, refused or unreachable: the next one
+                continue
+        raise _NoAnswer(addresses)
+
+    return asyncio.run(walk())
 
 
 def _status(args: Sequence[str]) -> int | None:
-    """``stockade status [--json] [--control-planes ADDRESSES]``, when the first control plane
-    answers; None otherwise."""
+    """``stockade status [--json] [--control-planes ADDRESSES]``, when a control plane answers
+    (:func:`_answer`); None otherwise."""
     if "--" in args:
         raise _Refused("--")
     options, _ = _parse(args, _STATUS_OPTIONS)
@@ -358,7 +379,7 @@ def _status(args: Sequence[str]) -> int | None:
         from ops.client.results import status_from_pb
 
         addresses = control_plane_addresses(options["control_planes"])
-        reply = status_from_pb(_first_answer(addresses, "status", _protocol().StatusRequest()))
+        reply = status_from_pb(_answer(addresses, "status", _protocol().StatusRequest()))
     except Exception:
         return None
     import json
@@ -378,7 +399,7 @@ def _status(args: Sequence[str]) -> int | None:
 
 
 def _submit(args: list[str]) -> int | None:
-    """``stockade submit`` of one job, when the first control plane stores it; None otherwise,
+    """``stockade submit`` of one job, when a control plane stores it (:func:`_answer`); None otherwise,
     with ``args`` given the key sent (``--idempotency-key``) for the Typer command to send again."""
     options, command = _parse(args, _SUBMIT_OPTIONS)
     if options["cpu_millis"] is None or options["memory_mb"] is None:
@@ -401,7 +422,7 @@ def _submit(args: list[str]) -> int | None:
         spec = spec_of_submit_options({**options, "command": command}).check()
         addresses = control_plane_addresses(options["control_planes"])
         request = pb.SubmitJobRequest(spec=job_spec_to_pb(spec), idempotency_key=key)
-        job_id = int(_first_answer(addresses, "submit_job", request).job_id)
+        job_id = int(_answer(addresses, "submit_job", request).job_id)
     except Exception:
         return None
     sys.stdout.write(f"{job_id}\n")

@@ -446,14 +446,29 @@ def test_a_refused_submit_is_said_by_the_typer_command_under_the_same_key(
     assert first.idempotency_key == again.idempotency_key
 
 
-def test_a_status_the_first_control_plane_misses_walks_the_others(
+def test_a_hot_command_whose_first_control_plane_is_down_asks_the_next(
     fake_control_plane: FakeControlPlane,
 ) -> None:
-    """``status`` whose first control plane is down is answered by the failover client."""
-    done = ran("status", "--json", "--control-planes", f"127.0.0.1:1,{fake_control_plane.address}")
-    assert done.code == 0, done.stderr
-    assert json.loads(done.stdout)["leader"] == "cp-1"
-    assert "trio" in done.modules
+    """``status`` and ``submit`` whose first control plane refuses the connection are answered
+    by the next one, as the failover client would answer them, still without trio."""
+    addresses = f"127.0.0.1:1,{fake_control_plane.address}"
+    status = ran("status", "--json", "--control-planes", addresses)
+    submit = ran(*submit_args(addresses))
+    assert (status.code, submit.code, submit.stdout) == (0, 0, "41\n")
+    assert status.stdout == typer_run("status", "--json", "--control-planes", addresses).output
+    assert under(status.modules + submit.modules, NOT_HOT) == []
+
+
+@pytest.mark.usefixtures("client_certs")
+def test_a_call_no_control_plane_answers_is_said_by_the_typer_command() -> None:
+    """When no control plane answers, the Typer command walks them again and says how each
+    failed, as it always has (exit status 1)."""
+    done = ran("status", "--control-planes", "127.0.0.1:1,127.0.0.1:2")
+    assert done.code == 1
+    assert done.stderr.startswith(
+        "error: no control plane answered at 127.0.0.1:1, 127.0.0.1:2: connection refused"
+    )
+    assert "typer" in done.modules
 
 
 @pytest.mark.parametrize(
