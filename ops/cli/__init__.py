@@ -68,7 +68,7 @@ def main() -> None:
     the modules load ends with one line and exit status 130.
     """
     args = sys.argv[1:]
-    if args[:1] in (["--help"], ["status"], ["submit"]):
+    if args[:1] in (["--help"], ["--version"], ["status"], ["submit"]):
         _run_fast(args)
     client = bool(args) and any(args[0] in COMMANDS[group] for group in CLIENT_GROUPS)
     try:

@@ -1,4 +1,4 @@
-"""The hot commands' own argument layer: ``stockade --help``, ``status`` and ``submit`` read
+"""The hot commands' own argument layer: ``stockade --help``, ``--version``, ``status`` and ``submit`` read
 without Typer and called over asyncio without trio (docs/development.md, "How fast `stockade`
 starts"). It takes only what it reads with certainty and the happy path: a command line it does
 not know for sure (an unknown or repeated option, a value it would have to judge, ``--help`` of a
@@ -270,17 +270,27 @@ def spec_of_submit_options(options: Mapping[str, Any]) -> JobSpec:
 
 
 def _distribution_version(name: str) -> str | None:
-    """The version of the installed distribution ``name``, read from the name of its
-    ``NAME-VERSION.dist-info`` folder on :data:`sys.path` (None when there is none)."""
+    """The version of the installed distribution ``name`` (the ``Version`` of the METADATA in the
+    first ``NAME-VERSION.dist-info`` folder on :data:`sys.path`, where
+    :func:`importlib.metadata.version` finds it); None when there is none."""
     for folder in sys.path:
         try:
-            entries = os.listdir(folder or ".")
+            entries = sorted(os.listdir(folder or "."))
         except OSError:
             continue
         for entry in entries:
-            found, dash, rest = entry.partition("-")
-            if found == name and dash and rest.endswith(".dist-info"):
-                return rest.removesuffix(".dist-info")
+            found, dash, version = entry.removesuffix(".dist-info").partition("-")
+            if found == name and dash and "-" not in version and entry.endswith(".dist-info"):
+                try:
+                    with open(os.path.join(folder or ".", entry, "METADATA"), encoding="utf-8") as metadata:
+                        for line in metadata:
+                            if line.startswith("Version:"):
+                                return line.removeprefix("Version:").strip()
+                            if not line.strip():
+                                break
+                except OSError:
+                    pass
+                return None
     return None
 
 
@@ -290,7 +300,7 @@ def _protocol() -> Any:
     betterproto2 asks ``importlib.metadata.version("betterproto2")`` for its own version (to
     check the generated code's compiler version against it), and importing that module loads
     the email, zipfile and csv modules: tens of milliseconds of every hot command. For that
-    import a stand-in answers with the version its ``.dist-info`` folder is named by, and is
+    import a stand-in answers with the version its ``.dist-info`` folder's METADATA gives, and is
     removed at once (as :mod:`protocol` hides pydantic from betterproto2); whoever imports
     :mod:`importlib.metadata` later gets the real one.
     """
@@ -385,12 +395,14 @@ def _status(args: Sequence[str]) -> int | None:
     import json
 
     from ops.cli.common import console, ha_db_line, local_ha_db_dir, local_metrics
-    from ops.cli.render import render_status, status_json
+    from ops.cli.status_json import status_json
 
     metrics = local_metrics(addresses)
     if options["as_json"]:
         sys.stdout.write(json.dumps(status_json(reply, metrics), indent=2) + "\n")
         return 0
+    from ops.cli.render import render_status
+
     console().print(render_status(reply, metrics))
     hadb_dir = local_ha_db_dir(addresses)
     if hadb_dir is not None:
@@ -436,6 +448,12 @@ def run(args: list[str]) -> int | None:
     try:
         if args == ["--help"]:
             sys.stdout.write(top_help())
+            return 0
+        if args == ["--version"]:
+            version = _distribution_version("stockade")
+            if version is None:
+                return None
+            sys.stdout.write(f"stockade {version}\n")
             return 0
         if args[:1] == ["status"]:
             return _status(args[1:])

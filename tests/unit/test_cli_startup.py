@@ -219,9 +219,10 @@ NOT_HOT = (
     "ops.client.core",
     "ops.cli.base",
     "ops.cli.jobs",
+    "importlib.metadata",
 )
 """What the hot commands' own layer (:mod:`ops.cli.fast`) does without: Typer, trio, the failover
-client and the Typer commands."""
+client, the Typer commands and importlib.metadata (betterproto2 asks it for its version)."""
 
 
 def test_help_loads_only_its_own_layer() -> None:
@@ -236,6 +237,16 @@ def test_help_loads_only_its_own_layer() -> None:
 
 _TYPER_HELP = "import ops.cli; ops.cli.load_commands()(['--help'], prog_name='stockade')"
 """Prints ``stockade --help`` through the Typer app."""
+
+
+def test_the_version_is_the_installed_one_without_typer() -> None:
+    """``stockade --version`` prints the installed distribution's version, as
+    :func:`importlib.metadata.version` reads it, without loading Typer."""
+    import importlib.metadata
+
+    done = ran("--version")
+    assert (done.code, done.stdout) == (0, f"stockade {importlib.metadata.version('stockade')}\n")
+    assert under(done.modules, (*NOT_HOT, "rich")) == []
 
 
 @pytest.mark.parametrize("columns", [30, 52, 60, 70, 79, 80, 81, 100, 200])
@@ -258,8 +269,9 @@ def test_the_help_is_typers_at_every_width(columns: int) -> None:
 
 
 def test_the_help_lists_the_apps_commands() -> None:
-    """:data:`ops.cli.fast.TOP_COMMANDS` names the app's shown commands in its order, each with
-    the start of its help: its whole first paragraph, or more of it than any listing shows."""
+    """:data:`ops.cli.fast.TOP_COMMANDS` names the app's shown commands (in the order of a fresh
+    ``stockade --help``: :func:`test_the_help_is_typers_at_every_width`), each with the start of
+    its help: its whole first paragraph, or more of it than any listing shows."""
     import typer
 
     import ops.cli
@@ -269,17 +281,17 @@ def test_the_help_lists_the_apps_commands() -> None:
     ops.cli.load_commands()
     group = typer.main.get_command(app)
     context = group.context_class(group, info_name="stockade")
-    shown: list[tuple[str, str]] = []
+    shown: dict[str, str] = {}
     for name in group.list_commands(context):
         command = group.get_command(context, name)
         assert command is not None
         if not command.hidden:
-            shown.append((name, " ".join((command.help or "").split("\n\n")[0].split())))
-    assert [name for name, _ in fast.TOP_COMMANDS] == [name for name, _ in shown]
-    longest_cut = 80 - 2 - 6 - max(len(name) for name, _ in shown)
-    for (name, start), (_, paragraph) in zip(fast.TOP_COMMANDS, shown, strict=True):
-        assert paragraph.startswith(start), name
-        assert start == paragraph or len(start) > longest_cut + 1, name
+            shown[name] = " ".join((command.help or "").split("\n\n")[0].split())
+    assert sorted(name for name, _ in fast.TOP_COMMANDS) == sorted(shown)
+    longest_cut = 80 - 2 - 6 - max(len(name) for name in shown)
+    for name, start in fast.TOP_COMMANDS:
+        assert shown[name].startswith(start), name
+        assert start == shown[name] or len(start) > longest_cut + 1, name
     assert group.help == fast.TOP_HELP
 
 
@@ -405,7 +417,7 @@ def test_the_hot_commands_load_neither_typer_nor_trio(
         args = [*args, "--control-planes", fake_control_plane.address]
     done = ran(*args)
     assert done.code == 0, done.stderr
-    assert under(done.modules, NOT_HOT) == []
+    assert under(done.modules, NOT_HOT if args[1] != "--json" else (*NOT_HOT, "rich")) == []
     assert under(done.modules, NEVER) == []
 
 
