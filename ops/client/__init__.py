@@ -6,14 +6,29 @@ examples, which the test suite runs against a real cluster. It sits in ``ops`` b
 finds the cluster with :mod:`ops.config` and builds specs with :mod:`ops.jobfields`, as the CLI
 does; nothing outside ``ops`` imports it.
 
-The names are loaded when first used (PEP 562), so a module of the package (``ops.client.results``)
-can be imported without the trio client: ``stockade``'s hot commands do so.
+The names other than the errors are loaded when first used (PEP 562), so a module of the
+package (``ops.client.results``) can be imported without the trio client, as ``stockade``'s
+hot commands import it.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+from runtime.errors import (
+    ClusterBusy,
+    FailedPrecondition,
+    IdempotencyConflict,
+    InvalidArgument,
+    NoControlPlaneReachable,
+    NotFound,
+    PeerUnavailable,
+    PermissionDenied,
+    RemoteError,
+    StockadeError,
+    Unavailable,
+)
 
 if TYPE_CHECKING:
     from ops.client.asyncio_face import AsyncioClient, AsyncioLogStream
@@ -39,19 +54,6 @@ if TYPE_CHECKING:
     from ops.client.streams import LogStream
     from ops.config import ClusterError
     from runtime.constraints import Constraint
-    from runtime.errors import (
-        ClusterBusy,
-        FailedPrecondition,
-        IdempotencyConflict,
-        InvalidArgument,
-        NoControlPlaneReachable,
-        NotFound,
-        PeerUnavailable,
-        PermissionDenied,
-        RemoteError,
-        StockadeError,
-        Unavailable,
-    )
     from runtime.jobs import ArrayRange, CommandRuntime, ContainerRuntime, JobSpec, SleepRuntime
 
 _HOMES: dict[str, str] = {
@@ -81,22 +83,6 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("LogStream",), "ops.client.streams"),
     **dict.fromkeys(("ClusterError",), "ops.config"),
     **dict.fromkeys(("Constraint",), "runtime.constraints"),
-    **dict.fromkeys(
-        (
-            "ClusterBusy",
-            "FailedPrecondition",
-            "IdempotencyConflict",
-            "InvalidArgument",
-            "NoControlPlaneReachable",
-            "NotFound",
-            "PeerUnavailable",
-            "PermissionDenied",
-            "RemoteError",
-            "StockadeError",
-            "Unavailable",
-        ),
-        "runtime.errors",
-    ),
     **dict.fromkeys(
         ("ArrayRange", "CommandRuntime", "ContainerRuntime", "JobSpec", "SleepRuntime"), "runtime.jobs"
     ),
