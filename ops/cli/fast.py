@@ -414,6 +414,8 @@ def _submit(args: list[str]) -> int | None:
     """``stockade submit`` of one job, when a control plane stores it (:func:`_answer`); None otherwise,
     with ``args`` given the key sent (``--idempotency-key``) for the Typer command to send again."""
     options, command = _parse(args, _SUBMIT_OPTIONS)
+    if options["priority"] is None:
+        options["priority"] = 0  # submit's default
     if options["cpu_millis"] is None or options["memory_mb"] is None:
         raise _Refused("--cpu-millis")
     image, sleep_s = options["image"], options["sleep_s"]

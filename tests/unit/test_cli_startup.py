@@ -399,10 +399,11 @@ def typer_run(*args: str) -> Any:
     return CliRunner().invoke(ops.cli.load_commands(), list(args), env={"COLUMNS": "100"})
 
 
-def submit_args(address: str) -> list[str]:
-    """A ``stockade submit`` of a command with an environment variable, to ``address``."""
+def submit_args(address: str, *more: str, command: tuple[str, ...] = ("sh", "-c", "true")) -> list[str]:
+    """A ``stockade submit`` of ``command`` (none: ``more`` says the job) with an environment
+    variable and the options ``more``, to ``address``."""
     options = ["--cpu-millis", "100", "--memory-mb", "64", "--env", "A=b", "--control-planes", address]
-    return ["submit", *options, "--", "sh", "-c", "true"]
+    return ["submit", *options, *more, *(("--", *command) if command else ())]
 
 
 @pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["submit"]])
@@ -433,11 +434,48 @@ def test_the_fast_status_prints_what_the_typer_command_prints(
     assert "w-1" in fast.stdout
 
 
-def test_the_fast_submit_sends_what_the_typer_command_sends(fake_control_plane: FakeControlPlane) -> None:
-    """``stockade submit`` prints the job's id and sends the same spec as the Typer command."""
-    fast = ran(*submit_args(fake_control_plane.address))
-    slow = typer_run(*submit_args(fake_control_plane.address))
+@pytest.mark.parametrize(
+    ("more", "command"),
+    [
+        ((), ("sh", "-c", "true")),
+        (("--sleep-s", "1.5", "--name=nap", "--priority", "5", "--spread", "--tasks", "2"), ()),
+        (
+            (
+                "--max-attempts=3",
+                "--retry-backoff-s",
+                "2",
+                "--count-lost",
+                "--timeout-s",
+                "60",
+                "--constraint",
+                "resources=cgroup2",
+                "--env",
+                "C=d",
+                "--workdir",
+                "/srv",
+                "--after",
+                "3,4",
+                "--retry-on-exit",
+                "1,75",
+                "--no-retry-on",
+                "oom_killed",
+                "--resource",
+                "gpu=1",
+            ),
+            ("python3", "-c", "print(1)"),
+        ),
+        (("--image", "busybox", "--array", "1-4%2", "--max-failed-tasks", "2"), ("echo", "--", "-x")),
+    ],
+)
+def test_the_fast_submit_sends_what_the_typer_command_sends(
+    fake_control_plane: FakeControlPlane, more: tuple[str, ...], command: tuple[str, ...]
+) -> None:
+    """``stockade submit`` prints the job's id and sends the same spec as the Typer command,
+    whatever options it is given."""
+    fast = ran(*submit_args(fake_control_plane.address, *more, command=command))
+    slow = typer_run(*submit_args(fake_control_plane.address, *more, command=command))
     assert (fast.code, fast.stdout) == (slow.exit_code, slow.output) == (0, "41\n")
+    assert "typer" not in fast.modules
     sent_fast, sent_slow = fake_control_plane.submitted()
     assert sent_fast.spec == sent_slow.spec
     assert sent_fast.idempotency_key != sent_slow.idempotency_key
