@@ -455,6 +455,28 @@ CREATE TABLE IF NOT EXISTS schedule_slots (
     CONSTRAINT schedule_slots_job_check CHECK ((outcome = 'fired') = (job_id IS NOT NULL))
 );
 
+-- ---------------------------------------------------------------- usage
+
+-- What running command jobs used, as their workers measured it from the jobs' cgroups every
+-- usage_interval_s and their heartbeats carried it (docs/console.md, "Usage"): one row per job
+-- sample (job_id, assignment_id set) and per sample of all a worker's jobs together (both NULL).
+-- cpu_millis: the CPU used on average over the span_ms before the measure; memory_mb: what it
+-- held then. Written by ingest beside the heartbeat (unfenced, no foreign keys: the hottest
+-- write stays cheap); rows older than usage_retention_s are deleted by every replica's sweep
+-- (usage_samples_by_age, a BRIN index: the rows come in time order).
+CREATE TABLE IF NOT EXISTS usage_samples (
+    at             timestamptz NOT NULL DEFAULT now(),
+    worker_id      text        NOT NULL,
+    job_id         bigint,
+    assignment_id  bigint,
+    cpu_millis     integer     NOT NULL CHECK (cpu_millis >= 0),
+    memory_mb      integer     NOT NULL CHECK (memory_mb >= 0),
+    span_ms        integer     NOT NULL CHECK (span_ms >= 0)
+);
+CREATE INDEX IF NOT EXISTS usage_samples_by_job ON usage_samples (job_id, at) WHERE job_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS usage_samples_by_worker ON usage_samples (worker_id, at) WHERE job_id IS NULL;
+CREATE INDEX IF NOT EXISTS usage_samples_by_age ON usage_samples USING brin (at);
+
 -- ---------------------------------------------------------------- the schema's version
 
 -- The versions applied (actors/schema.py): this file records the newest; each migration adds its own.
@@ -463,7 +485,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 -- This file's version: the newest migration's (actors/migrations/).
-INSERT INTO schema_version (version) VALUES (14) ON CONFLICT (version) DO NOTHING;
+INSERT INTO schema_version (version) VALUES (15) ON CONFLICT (version) DO NOTHING;
 
 -- ================================================================ routines
 -- Everything below is functions, triggers and views, each CREATE OR REPLACE: applied with the

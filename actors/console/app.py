@@ -27,6 +27,13 @@ from starlette.routing import Route
 
 from actors.console import views
 from actors.console.store import ConsoleStore, DatabaseDown
+from actors.console.usage import (
+    JOB_NO_USAGE,
+    USAGE_SAMPLES_SHOWN,
+    USAGE_SPAN_S,
+    WORKER_NO_USAGE,
+    usage_values,
+)
 from actors.logs import LogRelay, log_source
 from actors.queries import console as q
 from actors.queries import job_spec_of
@@ -319,21 +326,27 @@ class ConsoleApp:
         except InvalidArgument:
             raise PageStatus(404, f"no worker {worker_id!r}: not a worker id") from None
 
-        async def reads(conn: Any) -> tuple[Any, Any]:
+        async def reads(conn: Any) -> tuple[Any, Any, Any]:
             row = await conn.fetchrow(q.CONSOLE_WORKER, worker_id)
-            runs = (
-                []
-                if row is None
-                else await conn.fetch(
+            if row is None:
+                return None, [], None
+            return (
+                row,
+                await conn.fetch(
                     q.CONSOLE_WORKER_ASSIGNMENTS, worker_id, WORKER_ASSIGNMENTS_SHOWN, _scope(request)
-                )
+                ),
+                await conn.fetchrow(q.CONSOLE_WORKER_USAGE, worker_id, USAGE_SPAN_S, USAGE_SAMPLES_SHOWN),
             )
-            return row, runs
 
-        row, runs = await self.store.read(reads)
+        row, runs, used = await self.store.read(reads)
         if row is None:
             raise PageStatus(404, f"no worker {worker_id!r} has registered with this cluster")
-        return _page_part("worker", worker=self._worker_view(row), runs=runs)
+        return _page_part(
+            "worker",
+            worker=self._worker_view(row),
+            runs=runs,
+            **usage_values(used, of="all its command jobs together", none=WORKER_NO_USAGE),
+        )
 
     async def jobs(self, request: Request) -> Part:
         state = request.query_params.get("state", "")
@@ -372,17 +385,18 @@ class ConsoleApp:
 
         scope = _scope(request)
 
-        async def reads(conn: Any) -> tuple[Any, Any, Any]:
+        async def reads(conn: Any) -> tuple[Any, Any, Any, Any]:
             row = await conn.fetchrow(q.CONSOLE_JOB, job_id, scope)
             if row is None:
-                return None, [], None
+                return None, [], None, None
             return (
                 row,
                 await conn.fetch(q.CONSOLE_JOB_ATTEMPTS, job_id),
                 await conn.fetchrow(q.CONSOLE_LOG_SOURCE, job_id, 0, scope),  # 0: its newest run that started
+                await conn.fetchrow(q.CONSOLE_JOB_USAGE, job_id, USAGE_SPAN_S, USAGE_SAMPLES_SHOWN),
             )
 
-        row, attempts, source_row = await self.store.read(reads)
+        row, attempts, source_row, used = await self.store.read(reads)
         if row is None:
             raise PageStatus(404, f"no job {job_id} in this cluster")
         # The environment's values never reach a template: a console reader may be a viewer.
@@ -390,7 +404,19 @@ class ConsoleApp:
         outputs, output_note = await self._output_tails(job_id, row["runtime"], source_row)
         job = {key: value for key, value in row.items() if key != "env"}
         return _page_part(
-            "job", job=job, spec=spec, attempts=attempts, outputs=outputs, output_note=output_note
+            "job",
+            job=job,
+            spec=spec,
+            attempts=attempts,
+            outputs=outputs,
+            output_note=output_note,
+            **usage_values(
+                used,
+                of="its runs",
+                none=JOB_NO_USAGE,
+                cpu_asked_millis=spec.cpu_millis,
+                memory_asked_mb=spec.memory_mb,
+            ),
         )
 
     async def _output_tails(

@@ -10,7 +10,7 @@ import collections
 import datetime
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -31,6 +31,7 @@ __all__ = [
     "labels_of",
     "packing_chart",
     "printable",
+    "time_ticks",
     "worker_state",
 ]
 
@@ -229,6 +230,19 @@ def _percent(used: int, total: int) -> float:
     return 0.0 if total <= 0 else min(100.0, max(0.0, used * 100 / total))
 
 
+def time_ticks(
+    x_of: Callable[[float], float], now_unix_s: float, span_s: float
+) -> tuple[tuple[float, str], ...]:
+    """(x, label) of a chart's time axis over the ``span_s`` seconds up to ``now_unix_s``: at most
+    seven ticks, each labelled with how long before ``now_unix_s`` it is (``x_of`` places an
+    instant, in Unix seconds)."""
+    step_s = next((s for s in (30, 60, 120, 300, 600, 900, 1800, 3600) if span_s / s <= 6), 3600)
+    return tuple(
+        (x_of(now_unix_s - ago_s), "now" if ago_s == 0 else f"-{_ago(ago_s)}")
+        for ago_s in range(0, int(span_s) + 1, step_s)
+    )
+
+
 def packing_chart(
     samples: Sequence[PackingSample], *, now_unix_s: float, span_s: float, width: int = 720, height: int = 240
 ) -> PackingChart:
@@ -248,11 +262,7 @@ def packing_chart(
     def points(values: Iterable[tuple[float, float]]) -> str:
         return " ".join(f"{x_of(t):.1f},{y_of(p):.1f}" for t, p in values)
 
-    step_s = next((s for s in (30, 60, 120, 300, 600, 900, 1800, 3600) if span_s / s <= 6), 3600)
-    x_ticks = tuple(
-        (x_of(now_unix_s - ago_s), "now" if ago_s == 0 else f"-{_ago(ago_s)}")
-        for ago_s in range(0, int(span_s) + 1, step_s)
-    )
+    x_ticks = time_ticks(x_of, now_unix_s, span_s)
     return PackingChart(
         width=width,
         height=height,

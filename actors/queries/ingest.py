@@ -342,6 +342,32 @@ WITH swept AS (
 SELECT count(*) FROM swept
 """
 
+# $1 retention_s, $2 most rows. Deletes up to $2 usage samples recorded more than $1 seconds ago
+# (index usage_samples_by_age), skipping rows another replica's sweep holds; returns how many.
+SWEEP_USAGE_SAMPLES = """
+WITH swept AS (
+    DELETE FROM usage_samples
+     WHERE ctid IN (SELECT ctid FROM usage_samples
+                     WHERE at < now() - make_interval(secs => $1::float8)
+                     LIMIT $2 FOR UPDATE SKIP LOCKED)
+ RETURNING 1
+)
+SELECT count(*) FROM swept
+"""
+
+# The usage samples of heartbeats recorded alive (actors/ingest_heartbeats.py), one per element:
+# $1 worker ids, $2 assignment ids (0: all the worker's jobs together), $3 cpu_millis, $4
+# memory_mb, $5 span_ms. A job's sample is kept with its job id when the assignment is its
+# worker's; one naming another worker's assignment, or none, is dropped.
+RECORD_USAGE = """
+INSERT INTO usage_samples (worker_id, job_id, assignment_id, cpu_millis, memory_mb, span_ms)
+SELECT u.worker_id, a.job_id, a.id, u.cpu_millis, u.memory_mb, u.span_ms
+  FROM unnest($1::text[], $2::bigint[], $3::int[], $4::int[], $5::int[])
+       AS u (worker_id, assignment_id, cpu_millis, memory_mb, span_ms)
+  LEFT JOIN assignments a ON a.id = u.assignment_id AND a.worker_id = u.worker_id
+ WHERE u.assignment_id = 0 OR a.id IS NOT NULL
+"""
+
 # $1 id, $2 address, $3 cpu_millis, $4 memory_mb, $5 labels (json text), $6 agent run id, $7
 # registration number within that run, $8 the registration's sha256 (actors/idempotency.py), $9
 # the devices it offers (JSON {name: [unit, ...]}; docs/devices.md).

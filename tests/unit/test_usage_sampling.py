@@ -1,0 +1,121 @@
+"""A job's usage from its cgroup's counters: the readings (fake cgroup files), the CPU averaged
+between two readings, the samples a heartbeat carries and how the control plane takes them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from actors.ingest_heartbeats import USAGE_VALUE_TOP, usage_rows
+from agent.cgroups import Cgroup1Job, Cgroup2Resources
+from agent.messages import WORKER_TOTAL, UsageSample
+from agent.resources import JobUsage, RlimitResources
+from agent.usage import UsageMeter, read_usage
+from protocol import pb
+from runtime.errors import InvalidArgument
+
+MIB = 2**20
+
+
+def _cgroup(folder: Path, usage_usec: int, memory_bytes: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "cpu.stat").write_text(f"usage_usec {usage_usec}\nuser_usec 1\nnr_periods 3\nnr_throttled 1\n")
+    (folder / "memory.current").write_text(f"{memory_bytes}\n")
+
+
+def test_a_cgroup2_reading_has_the_jobs_cpu_time_and_memory_and_the_workers_total(tmp_path: Path) -> None:
+    """read_usage reads usage_usec and memory.current of each job's cgroup and of the worker's
+    folder (under WORKER_TOTAL); a job whose cgroup is gone is left out."""
+    worker_dir = tmp_path / "stockade-jobs" / "w-1-me"
+    _cgroup(worker_dir, 9_000_000, 700 * MIB)
+    _cgroup(worker_dir / "7-3", 4_500_000, 300 * MIB)
+    resources = Cgroup2Resources(worker_dir=worker_dir, pids_max=64, jobs_weight=100)
+    readings = read_usage(resources, {3: "7-3", 4: "8-4"})
+    assert readings == {
+        WORKER_TOTAL: JobUsage(cpu_s=9.0, throttled_periods=1, memory_bytes=700 * MIB),
+        3: JobUsage(cpu_s=4.5, throttled_periods=1, memory_bytes=300 * MIB),
+    }
+
+
+def test_a_cgroup1_reading_has_cpuacct_usage_and_memory_usage_in_bytes(tmp_path: Path) -> None:
+    """cgroup v1: cpuacct.usage (ns) and memory.usage_in_bytes."""
+    folders = {c: tmp_path / c / "7-3" for c in ("cpu", "cpuacct", "memory", "pids")}
+    for folder in folders.values():
+        folder.mkdir(parents=True)
+    (folders["cpuacct"] / "cpuacct.usage").write_text("2500000000\n")
+    (folders["memory"] / "memory.usage_in_bytes").write_text(f"{64 * MIB}\n")
+    usage = Cgroup1Job(name="7-3", folders=folders).usage()
+    assert (usage.cpu_s, usage.memory_bytes) == (2.5, 64 * MIB)
+
+
+def test_without_cgroups_nothing_is_read() -> None:
+    """rlimit mode counts nothing: the worker's total has no CPU count, so no sample follows."""
+    readings = read_usage(RlimitResources(), {})
+    assert readings == {WORKER_TOTAL: JobUsage()}
+    meter = UsageMeter()
+    meter.samples(readings, 0.0)
+    assert meter.samples(readings, 5.0) == ()
+
+
+def test_the_first_reading_sets_the_baseline_and_the_next_gives_cores() -> None:
+    """Two cores busy for 5 s (10 CPU seconds more) read as 2000 millicores over 5000 ms; the
+    memory is the second reading's, in MiB."""
+    meter = UsageMeter()
+    assert meter.samples({3: JobUsage(cpu_s=1.0, memory_bytes=10 * MIB)}, 100.0) == ()
+    samples = meter.samples({3: JobUsage(cpu_s=11.0, memory_bytes=300 * MIB)}, 105.0)
+    assert samples == (UsageSample(assignment_id=3, cpu_millis=2000, memory_mb=300, span_ms=5000),)
+
+
+def test_each_span_counts_from_the_reading_before() -> None:
+    """A third reading averages over the span since the second, not since the first."""
+    meter = UsageMeter()
+    meter.samples({3: JobUsage(cpu_s=0.0)}, 0.0)
+    meter.samples({3: JobUsage(cpu_s=10.0)}, 5.0)
+    (sample,) = meter.samples({3: JobUsage(cpu_s=12.5)}, 10.0)
+    assert (sample.cpu_millis, sample.memory_mb, sample.span_ms) == (500, 0, 5000)
+
+
+def test_a_counter_that_went_back_starts_a_new_baseline() -> None:
+    """A cgroup made anew counts from 0: no sample (it would be negative), the next one counts."""
+    meter = UsageMeter()
+    meter.samples({3: JobUsage(cpu_s=50.0)}, 0.0)
+    assert meter.samples({3: JobUsage(cpu_s=1.0)}, 5.0) == ()
+    (sample,) = meter.samples({3: JobUsage(cpu_s=6.0)}, 10.0)
+    assert sample.cpu_millis == 1000
+
+
+def test_a_job_not_read_is_forgotten() -> None:
+    """A job missing from a reading (it ended) starts over should its id be read again."""
+    meter = UsageMeter()
+    meter.samples({3: JobUsage(cpu_s=1.0), WORKER_TOTAL: JobUsage(cpu_s=1.0)}, 0.0)
+    assert [s.assignment_id for s in meter.samples({WORKER_TOTAL: JobUsage(cpu_s=2.0)}, 5.0)] == [
+        WORKER_TOTAL
+    ]
+    assert [s.assignment_id for s in meter.samples({3: JobUsage(cpu_s=9.0)}, 10.0)] == []
+
+
+def test_a_heartbeats_samples_become_rows_capped_at_the_databases_integer() -> None:
+    """The control plane keeps a huge measure as the integer's top rather than refusing it."""
+    request = pb.HeartbeatRequest(
+        running_assignment_ids=[3],
+        usage=[
+            pb.UsageSample(assignment_id=3, cpu_millis=1900, memory_mb=12, span_ms=5000),
+            pb.UsageSample(assignment_id=0, cpu_millis=2**32 - 1, memory_mb=0, span_ms=5000),
+        ],
+    )
+    assert usage_rows(request) == ((3, 1900, 12, 5000), (0, USAGE_VALUE_TOP, 0, 5000))
+
+
+def test_a_heartbeat_with_more_samples_than_jobs_plus_one_is_refused() -> None:
+    """At most one sample per running assignment plus the worker's total."""
+    request = pb.HeartbeatRequest(running_assignment_ids=[3], usage=[pb.UsageSample(assignment_id=3)] * 3)
+    with pytest.raises(
+        InvalidArgument, match=r"usage must hold at most one per running assignment plus one \(2\)"
+    ):
+        usage_rows(request)
+
+
+def test_a_heartbeat_without_samples_has_none() -> None:
+    """An older agent's heartbeat (no usage field) records no sample."""
+    assert usage_rows(pb.HeartbeatRequest(running_assignment_ids=[3])) == ()
