@@ -53,7 +53,8 @@ def status_json(status: ClusterStatus, metrics: dict[str, str] | None = None) ->
     ``workers`` ({id, state, cpu_millis, memory_mb, cpu_allocated_millis,
     memory_allocated_mb, jobs, cordoned, draining, drained, drain_deadline_unix_s (or null),
     labels (key -> value), unhealthy, unhealthy_reason and unhealthy_since_unix_s (null when
-    healthy), resources and resources_in_use (name -> unit ids)}), ``devices`` (resource name ->
+    healthy), resources and resources_in_use (name -> unit ids), usage ({cpu_millis, memory_mb,
+    age_s}: what its jobs used together lately; null: no sample)}), ``devices`` (resource name ->
     {in_use, offered}: the alive workers' units; docs/devices.md), ``jobs`` (counts keyed by
     state, every state), ``unschedulable`` ({job_id, reason}), ``heartbeat`` ({interval_s,
     dead_after_s, reason}; nulls when the control plane did not say) and ``metrics`` (id of a
@@ -85,6 +86,7 @@ def status_json(status: ClusterStatus, metrics: dict[str, str] | None = None) ->
                 "unhealthy_since_unix_s": w.unhealthy_since_unix_s,
                 "resources": {name: list(units) for name, units in w.resources},
                 "resources_in_use": {name: list(units) for name, units in w.resources_in_use},
+                "usage": None if w.usage is None else attrs.asdict(w.usage),
             }
             for w in status.workers
         ],
@@ -189,6 +191,7 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
         "memory (MiB)",
         "labels",
         *(("devices",) if any(w.resources for w in status.workers) else ()),
+        *(("used",) if any(w.usage for w in status.workers) else ()),
         "jobs",
         *(("metrics",) if metrics else ()),
     ):
@@ -208,6 +211,7 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
             _bar(w.memory_allocated_mb, w.memory_mb, ""),
             Text(", ".join(f"{k}={v}" for k, v in w.labels) or "-"),
             *((worker_devices(w),) if any(x.resources for x in status.workers) else ()),
+            *((w.usage.describe() if w.usage else "-",) if any(x.usage for x in status.workers) else ()),
             _job_ids(list(w.job_ids)),
             *((metrics.get(w.id, "-"),) if metrics else ()),
         )
@@ -291,7 +295,9 @@ def job_status_json(info: Job) -> dict[str, Any]:
     first, :func:`attempt_json`), ``stdout_path`` and ``stderr_path`` (or null), ``owner`` (the
     account that submitted it, or null), ``gang`` (a gang's task: its gang's id, its rank, the
     gang's size, spread, state, attempts, failures and detail; or null), ``schedule`` and
-    ``schedule_slot_unix_s`` (a job a schedule fired: its name and the slot; or null).
+    ``schedule_slot_unix_s`` (a job a schedule fired: its name and the slot; or null),
+    ``usage`` ({cpu_millis, memory_mb, age_s}: what its current run used lately, from its
+    cgroup; or null).
     """
     return {
         "job_id": info.job_id,
@@ -317,6 +323,7 @@ def job_status_json(info: Job) -> dict[str, Any]:
         "gang": None if info.gang is None else attrs.asdict(info.gang),
         "schedule": info.schedule,
         "schedule_slot_unix_s": info.schedule_slot_unix_s,
+        "usage": None if info.usage is None else attrs.asdict(info.usage),
     }
 
 

@@ -24,6 +24,7 @@ from ops.client.results import (
     JobHistory,
     LogChunk,
     Schedule,
+    Usage,
     Worker,
     WorkerSchedule,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "SleepRuntime",
     "StockadeError",
     "Unavailable",
+    "Usage",
     "WaitTimedOut",
     "Worker",
     "WorkerNotFound",

@@ -183,3 +183,26 @@ async def test_the_job_and_worker_parts_show_the_newest_figures_and_the_charts(d
     assert 'data-cpu-millis="2400">2.40 cores' in worker and 'class="asked"' not in worker
     assert 'id="usage-none"' not in worker
     assert 'id="usage-none"' in unmeasured and "sleep and container jobs" in unmeasured
+
+
+async def test_get_job_and_status_carry_the_newest_figures(cluster: Cluster) -> None:
+    """GetJob's usage is its active run's newest sample (none once it ended); Status gives each
+    worker its jobs' newest total."""
+    incarnation = await cluster.register("w-1")
+    job = await cluster.submit()
+    assignment = await cluster.place(job, "w-1", incarnation)
+    for cpu_millis in (1200, 1930):
+        await heartbeat(
+            cluster, "w-1", incarnation, [assignment], [used(assignment, cpu_millis, 41), used(0, 2400, 90)]
+        )
+    info = await cluster.cp.call("get_job", pb.GetJobRequest(job_id=job))
+    assert info.usage is not None and (info.usage.cpu_millis, info.usage.memory_mb) == (1930, 41)
+    assert 0 <= info.usage.age_s < 60
+    status = await cluster.cp.call("status", pb.StatusRequest())
+    (worker,) = status.workers
+    assert worker.usage is not None and (worker.usage.cpu_millis, worker.usage.memory_mb) == (2400, 90)
+    done = pb.JobOutcome(
+        assignment_id=assignment, job_id=job, state="succeeded", has_exit_code=True, exit_code=0
+    )
+    await heartbeat(cluster, "w-1", incarnation, [], [], finished=[done])
+    assert (await cluster.cp.call("get_job", pb.GetJobRequest(job_id=job))).usage is None

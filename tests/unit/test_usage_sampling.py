@@ -12,6 +12,8 @@ from agent.cgroups import Cgroup1Job, Cgroup2Resources
 from agent.messages import WORKER_TOTAL, UsageSample
 from agent.resources import JobUsage, RlimitResources
 from agent.usage import UsageMeter, read_usage
+from ops.cli.render import job_status_json, status_json
+from ops.client.results import Usage, job_from_pb, status_from_pb
 from protocol import pb
 from runtime.errors import InvalidArgument
 
@@ -119,3 +121,21 @@ def test_a_heartbeat_with_more_samples_than_jobs_plus_one_is_refused() -> None:
 def test_a_heartbeat_without_samples_has_none() -> None:
     """An older agent's heartbeat (no usage field) records no sample."""
     assert usage_rows(pb.HeartbeatRequest(running_assignment_ids=[3])) == ()
+
+
+def test_a_jobs_and_a_workers_newest_figures_reach_the_cli_and_its_json() -> None:
+    """GetJob's and Status's ``usage`` become ``Usage`` values, shown in cores and MiB and given
+    whole in ``--json``; a reply without it has none (null)."""
+    used = pb.UsageNow(cpu_millis=1930, memory_mb=41, age_s=2.5)
+    job = job_from_pb(pb.JobInfo(job_id=7, state="running", usage=used))
+    assert job.usage == Usage(cpu_millis=1930, memory_mb=41, age_s=2.5)
+    assert job.usage.describe() == "1.93 cores, 41 MiB, 2 s ago"
+    assert job_status_json(job)["usage"] == {"cpu_millis": 1930, "memory_mb": 41, "age_s": 2.5}
+    assert job_status_json(job_from_pb(pb.JobInfo(job_id=8, state="pending")))["usage"] is None
+    status = status_from_pb(
+        pb.StatusReply(workers=[pb.WorkerInfo(id="w-1", state="alive", usage=used), pb.WorkerInfo(id="w-2")])
+    )
+    assert [w["usage"] for w in status_json(status)["workers"]] == [
+        {"cpu_millis": 1930, "memory_mb": 41, "age_s": 2.5},
+        None,
+    ]
