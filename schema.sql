@@ -1624,3 +1624,25 @@ BEGIN
                                  AND x.incarnation > p_incarnations[g.n]) AS t(newer)
      ORDER BY g.n;
 END $$;
+
+-- The usage samples of heartbeats recorded alive (docs/console.md, "Usage"), one per element of
+-- the parallel arrays: the worker, the assignment (0: all the worker's jobs together), cpu_millis,
+-- memory_mb and span_ms. A job's sample is kept with its job id when the assignment is its
+-- worker's; one naming another worker's assignment, or none, is dropped. Returns how many were
+-- kept. Called alone after a heartbeat recorded alone, and inside a group's statement
+-- (actors/queries/ingest.py, RECORD_USAGE and RECORD_HEARTBEATS_AND_USAGE).
+CREATE OR REPLACE FUNCTION record_usage(
+    p_worker_ids text[], p_assignment_ids bigint[], p_cpu_millis integer[], p_memory_mb integer[],
+    p_span_ms integer[]
+) RETURNS integer LANGUAGE sql AS $$
+    WITH kept AS (
+        INSERT INTO usage_samples (worker_id, job_id, assignment_id, cpu_millis, memory_mb, span_ms)
+        SELECT u.worker_id, a.job_id, a.id, u.cpu_millis, u.memory_mb, u.span_ms
+          FROM unnest(p_worker_ids, p_assignment_ids, p_cpu_millis, p_memory_mb, p_span_ms)
+               AS u (worker_id, assignment_id, cpu_millis, memory_mb, span_ms)
+          LEFT JOIN assignments a ON a.id = u.assignment_id AND a.worker_id = u.worker_id
+         WHERE u.assignment_id = 0 OR a.id IS NOT NULL
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM kept
+$$;

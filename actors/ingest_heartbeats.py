@@ -54,12 +54,12 @@ def usage_rows(request: pb.HeartbeatRequest) -> tuple[UsageRow, ...]:
     )
 
 
-async def record_usage(conn: Any, beats: Sequence[tuple[str, Sequence[UsageRow]]]) -> None:
-    """Record the usage samples of ``beats`` (worker id, its samples), heartbeats recorded
-    alive, in one statement on ``conn`` (none when they carry no sample)."""
-    rows = [(worker_id, *row) for worker_id, samples in beats for row in samples]
-    if rows:
-        await conn.execute(queries.RECORD_USAGE, *(list(column) for column in zip(*rows, strict=True)))
+async def record_usage(conn: Any, worker_id: str, usage: Sequence[UsageRow]) -> None:
+    """Record ``usage``, the samples of a heartbeat of ``worker_id`` recorded alone and alive, in
+    one statement on ``conn`` (none without samples)."""
+    if usage:
+        columns = [list(column) for column in zip(*usage, strict=True)]
+        await conn.execute(queries.RECORD_USAGE, [worker_id] * len(usage), *columns)
 
 
 def recorded_answer(
@@ -171,10 +171,10 @@ class HeartbeatHandlers(JobHandlers):
             self.heartbeat_group = None
 
     async def record_heartbeat_group(self, members: Sequence[GroupMember]) -> list[GroupAnswer | Exception]:
-        """Record a group of liveness-only heartbeats (worker ids distinct) in one statement (and
-        the usage samples of those recorded alive in one more, on the same connection): one
-        answer per member, in order; a member whose deadline passed or whose handler stopped
-        waiting before the group got its connection is not recorded (answer: DeadlineExceeded).
+        """Record a group of liveness-only heartbeats (worker ids distinct), and the usage samples
+        of those recorded alive, in one statement: one answer per member, in order; a member whose
+        deadline passed or whose handler stopped waiting before the group got its connection is
+        not recorded (answer: DeadlineExceeded).
 
         Raises:
             DatabaseUnavailable, Busy: as :meth:`database`; nothing of the group was recorded.
@@ -186,10 +186,11 @@ class HeartbeatHandlers(JobHandlers):
             live = [m.beat for m, out in zip(members, left_out, strict=True) if not out]
             running_ids = [a for beat in live for a in beat.running_assignment_ids]
             running_members = [n for n, beat in enumerate(live, start=1) for _ in beat.running_assignment_ids]
+            used = [(n, *sample) for n, beat in enumerate(live, start=1) for sample in beat.usage]
             rows = []
             if live:
                 rows = await conn.fetch(
-                    queries.RECORD_HEARTBEATS,
+                    queries.RECORD_HEARTBEATS_AND_USAGE if used else queries.RECORD_HEARTBEATS,
                     [b.worker_id for b in live],
                     [b.incarnation for b in live],
                     [b.sent_us for b in live],
@@ -197,10 +198,7 @@ class HeartbeatHandlers(JobHandlers):
                     running_ids,
                     running_members,
                     *self._told_defaults(),
-                )
-                alive = zip(live, rows, strict=True)
-                await record_usage(
-                    conn, [(b.worker_id, b.usage) for b, r in alive if r["alive"] and not r["skipped"]]
+                    *([list(column) for column in zip(*used, strict=True)] if used else []),
                 )
         recorded = iter(rows)
         for out in left_out:
@@ -237,7 +235,7 @@ class HeartbeatHandlers(JobHandlers):
             )
             assert row is not None
             if row["alive"]:
-                await record_usage(conn, [(worker_id, usage)])
+                await record_usage(conn, worker_id, usage)
             newer: tuple[str | None, str | None, int | None] = (None, None, None)
             found = None
             if not row["alive"]:

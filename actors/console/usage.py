@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from actors.console.views import time_ticks
+from actors.console.views import ChartFrame, chart_frame, time_ticks
 
 __all__ = [
     "JOB_NO_USAGE",
@@ -42,16 +42,9 @@ WORKER_NO_USAGE = (
 
 
 @attrs.frozen(kw_only=True)
-class LineChart:
-    """One series over time, in SVG user units: the plot spans ``x0..x1`` by ``y0..y1`` (``y1``
-    at 0, ``y0`` at the top of the scale)."""
+class LineChart(ChartFrame):
+    """One series over time (``y1`` at 0, ``y0`` at the top of the scale)."""
 
-    width: int
-    height: int
-    x0: int
-    x1: int
-    y0: int
-    y1: int
     points: str
     """``"x,y x,y ..."`` of the series."""
     asked_y: float | None
@@ -101,9 +94,10 @@ def line_chart(
     """The chart of ``series`` ((unix s, value), oldest first) over the ``span_s`` seconds up to
     ``now_unix_s``, its scale from 0 to above both its largest value and ``asked`` (the dashed
     line; None: none); the value axis is labelled in ``unit``."""
-    x0, x1, y0, y1 = 48, width - 12, 10, height - 26
+    frame = chart_frame(width, height)
+    x0, x1, y0, y1 = frame.x0, frame.x1, frame.y0, frame.y1
     shown = [(t, v) for t, v in series if now_unix_s - span_s <= t <= now_unix_s]
-    top = _scale_top(max([asked or 0.0, *(v for _, v in shown), 1e-9]) * 1.05)
+    top = _scale_top(max([asked or 0.0, *(v for _, v in shown), 1.0]) * 1.05)  # at least 1 unit
 
     def x_of(unix_s: float) -> float:
         return x1 - (now_unix_s - unix_s) / span_s * (x1 - x0)
@@ -112,12 +106,7 @@ def line_chart(
         return y1 - min(value, top) / top * (y1 - y0)
 
     return LineChart(
-        width=width,
-        height=height,
-        x0=x0,
-        x1=x1,
-        y0=y0,
-        y1=y1,
+        **attrs.asdict(frame),
         points=" ".join(f"{x_of(t):.1f},{y_of(v):.1f}" for t, v in shown),
         asked_y=None if asked is None else y_of(asked),
         x_ticks=time_ticks(x_of, now_unix_s, span_s),

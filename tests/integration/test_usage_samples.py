@@ -206,3 +206,32 @@ async def test_get_job_and_status_carry_the_newest_figures(cluster: Cluster) -> 
     )
     await heartbeat(cluster, "w-1", incarnation, [], [], finished=[done])
     assert (await cluster.cp.call("get_job", pb.GetJobRequest(job_id=job))).usage is None
+
+
+async def test_a_groups_statement_stores_the_samples_of_its_alive_members_only(cluster: Cluster) -> None:
+    """RECORD_HEARTBEATS_AND_USAGE answers each member as RECORD_HEARTBEATS does, in member
+    order, and stores the samples of the members recorded alive: none of an unknown worker's."""
+    incarnation = await cluster.register("w-1")
+    job = await cluster.submit()
+    assignment = await cluster.place(job, "w-1", incarnation)
+    rows = await cluster.admin.fetch(
+        queries.RECORD_HEARTBEATS_AND_USAGE,
+        ["w-9", "w-1"],
+        [3, incarnation],
+        [1, 1],
+        [0, 0],
+        [assignment],
+        [2],
+        250,
+        2500,
+        [1, 2, 2],
+        [0, assignment, 0],
+        [500, 1900, 2000],
+        [5, 41, 50],
+        [5000, 5000, 5000],
+    )
+    assert [(r["member"], r["alive"]) for r in rows] == [(1, False), (2, True)]
+    assert await stored(cluster) == [
+        ("w-1", None, None, 2000, 50, 5000),
+        ("w-1", job, assignment, 1900, 41, 5000),
+    ]

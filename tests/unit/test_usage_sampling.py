@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from actors.console.usage import usage_view
 from actors.ingest_heartbeats import USAGE_VALUE_TOP, usage_rows
 from agent.cgroups import Cgroup1Job, Cgroup2Resources
 from agent.messages import WORKER_TOTAL, UsageSample
@@ -139,3 +140,36 @@ def test_a_jobs_and_a_workers_newest_figures_reach_the_cli_and_its_json() -> Non
         {"cpu_millis": 1930, "memory_mb": 41, "age_s": 2.5},
         None,
     ]
+
+
+def test_the_usage_section_shows_the_newest_sample_and_scales_its_charts_above_the_ask() -> None:
+    """The figures are the newest sample's; each chart draws the samples of its span (an older
+    one is left out), its scale reaching above both the values and the ask (dashed)."""
+    row = {
+        "now_unix_s": 1000.0,
+        "unix_s": [0.0, 990.0, 995.0],
+        "cpu_millis": [100, 1200, 1930],
+        "memory_mb": [1, 30, 41],
+    }
+    usage = usage_view(row, span_s=900.0, cpu_asked_millis=2000, memory_asked_mb=64)
+    assert usage is not None
+    assert (usage.cores, usage.cpu_millis, usage.memory_mb, usage.age_s, usage.samples) == (
+        1.93,
+        1930,
+        41,
+        5.0,
+        3,
+    )
+    cpu = usage.cpu_chart
+    assert len(cpu.points.split()) == 2  # the sample 1000 s old is outside the 900 s span
+    assert [label for _, label in cpu.y_ticks] == ["0 cores", "1.25 cores", "2.5 cores"]
+    assert cpu.asked_y is not None and cpu.y0 < cpu.asked_y < cpu.y1
+    assert [label for _, label in usage.memory_chart.y_ticks] == ["0 MiB", "50 MiB", "100 MiB"]
+    assert usage_view({**row, "unix_s": [], "cpu_millis": [], "memory_mb": []}) is None
+
+
+def test_a_workers_usage_has_no_ask_drawn() -> None:
+    """A worker's total asked for nothing: no dashed line."""
+    usage = usage_view({"now_unix_s": 10.0, "unix_s": [5.0], "cpu_millis": [0], "memory_mb": [0]})
+    assert usage is not None and usage.cpu_chart.asked_y is None and usage.cores == 0.0
+    assert [label for _, label in usage.cpu_chart.y_ticks] == ["0 cores", "1 cores", "2 cores"]
