@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 
 from actors.console.usage import usage_view
 from actors.ingest_heartbeats import USAGE_VALUE_TOP, usage_rows
 from agent.cgroups import Cgroup1Job, Cgroup2Resources
-from agent.messages import WORKER_TOTAL, UsageSample
+from agent.control_plane import to_pb
+from agent.messages import WORKER_TOTAL, HeartbeatReport, UsageSample
 from agent.resources import JobUsage, RlimitResources
 from agent.usage import UsageMeter, read_usage
 from ops.cli.render import job_status_json, status_json
@@ -173,3 +175,19 @@ def test_a_workers_usage_has_no_ask_drawn() -> None:
     usage = usage_view({"now_unix_s": 10.0, "unix_s": [5.0], "cpu_millis": [0], "memory_mb": [0]})
     assert usage is not None and usage.cpu_chart.asked_y is None and usage.cores == 0.0
     assert [label for _, label in usage.cpu_chart.y_ticks] == ["0 cores", "1 cores", "2 cores"]
+
+
+async def test_a_heartbeat_carries_its_samples_as_protocol_messages() -> None:
+    """The agent's report becomes ``HeartbeatRequest.usage``, field for field; none: empty."""
+    sample = UsageSample(assignment_id=3, cpu_millis=1930, memory_mb=41, span_ms=5000)
+    report = HeartbeatReport(
+        worker_id="w-1",
+        incarnation=2,
+        running_assignment_ids=(3,),
+        finished=(),
+        epoch_seen=1,
+        usage=(sample,),
+    )
+    request = to_pb(report, pb.HeartbeatRequest)
+    assert request.usage == [pb.UsageSample(assignment_id=3, cpu_millis=1930, memory_mb=41, span_ms=5000)]
+    assert to_pb(attrs.evolve(report, usage=()), pb.HeartbeatRequest).usage == []
