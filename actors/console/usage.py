@@ -87,13 +87,12 @@ def line_chart(
     now_unix_s: float,
     span_s: float,
     asked: float | None,
-    unit: str,
     width: int = 360,
     height: int = 150,
 ) -> LineChart:
     """The chart of ``series`` ((unix s, value), oldest first) over the ``span_s`` seconds up to
     ``now_unix_s``, its scale from 0 to above both its largest value and ``asked`` (the dashed
-    line; None: none); the value axis is labelled in ``unit``."""
+    line; None: none), at least 1 (the unit is said beside the chart)."""
     frame = chart_frame(width, height)
     x0, x1, y0, y1 = frame.x0, frame.x1, frame.y0, frame.y1
     shown = [(t, v) for t, v in series if now_unix_s - span_s <= t <= now_unix_s]
@@ -110,7 +109,7 @@ def line_chart(
         points=" ".join(f"{x_of(t):.1f},{y_of(v):.1f}" for t, v in shown),
         asked_y=None if asked is None else y_of(asked),
         x_ticks=time_ticks(x_of, now_unix_s, span_s),
-        y_ticks=tuple((y_of(v), f"{_number(v)} {unit}") for v in (0.0, top / 2, top)),
+        y_ticks=tuple((y_of(v), _number(v)) for v in (0.0, top / 2, top)),
     )
 
 
@@ -140,13 +139,11 @@ def usage_view(
         cpu_chart=line_chart(
             [(t, m / 1000) for t, m in zip(instants, cpu, strict=True)],
             asked=None if cpu_asked_millis is None else cpu_asked_millis / 1000,
-            unit="cores",
             **common,
         ),
         memory_chart=line_chart(
             list(zip(instants, (float(m) for m in memory), strict=True)),
             asked=None if memory_asked_mb is None else float(memory_asked_mb),
-            unit="MiB",
             **common,
         ),
     )

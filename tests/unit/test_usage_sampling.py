@@ -164,9 +164,9 @@ def test_the_usage_section_shows_the_newest_sample_and_scales_its_charts_above_t
     )
     cpu = usage.cpu_chart
     assert len(cpu.points.split()) == 2  # the sample 1000 s old is outside the 900 s span
-    assert [label for _, label in cpu.y_ticks] == ["0 cores", "1.25 cores", "2.5 cores"]
+    assert [label for _, label in cpu.y_ticks] == ["0", "1.25", "2.5"]
     assert cpu.asked_y is not None and cpu.y0 < cpu.asked_y < cpu.y1
-    assert [label for _, label in usage.memory_chart.y_ticks] == ["0 MiB", "50 MiB", "100 MiB"]
+    assert [label for _, label in usage.memory_chart.y_ticks] == ["0", "50", "100"]
     assert usage_view({**row, "unix_s": [], "cpu_millis": [], "memory_mb": []}) is None
 
 
@@ -174,7 +174,7 @@ def test_a_workers_usage_has_no_ask_drawn() -> None:
     """A worker's total asked for nothing: no dashed line."""
     usage = usage_view({"now_unix_s": 10.0, "unix_s": [5.0], "cpu_millis": [0], "memory_mb": [0]})
     assert usage is not None and usage.cpu_chart.asked_y is None and usage.cores == 0.0
-    assert [label for _, label in usage.cpu_chart.y_ticks] == ["0 cores", "1 cores", "2 cores"]
+    assert [label for _, label in usage.cpu_chart.y_ticks] == ["0", "1", "2"]
 
 
 async def test_a_heartbeat_carries_its_samples_as_protocol_messages() -> None:
