@@ -22,7 +22,7 @@ from agent.dbclock import DatabaseClock
 from agent.fence import FENCE_DEADLINE_FILE, FenceClock, fence_after_s, monotonic_of, told_refusal
 from agent.identities import JobIdentities
 from agent.joblog import JobLog, LogEvent
-from agent.messages import HeartbeatReport, Outcome, StopReason, UsageSample
+from agent.messages import WORKER_TOTAL, HeartbeatReport, Outcome, StopReason, UsageSample
 from agent.resources import JobResources, Mode
 from agent.running import RunningJobs
 from agent.runtimes import JobRunner, job_runner
@@ -197,17 +197,21 @@ class AgentState(abc.ABC):
         **more: int,
     ) -> HeartbeatReport:
         """The heartbeat of ``incarnation`` sent at trio time ``sent_at``, carrying ``finished``,
-        ``usage`` and ``more`` (``restart_hold_ms``, ``waited_ms``): what runs, the newest epoch
-        seen, its order (``sent_monotonic_us``) and the dead_after the fence is derived from."""
+        ``usage`` (but the samples of jobs that ended since they were measured: a heartbeat
+        carries at most one per running assignment, and the worker's total) and ``more``
+        (``restart_hold_ms``, ``waited_ms``): what runs, the newest epoch seen, its order
+        (``sent_monotonic_us``) and the dead_after the fence is derived from."""
+        running = self.running_assignment_ids
+        kept = {WORKER_TOTAL, *running}
         return HeartbeatReport(
             worker_id=self.worker_id,
             incarnation=incarnation,
-            running_assignment_ids=self.running_assignment_ids,
+            running_assignment_ids=running,
+            usage=tuple(s for s in usage if s.assignment_id in kept),
             finished=finished,
             epoch_seen=self.max_epoch_seen,
             sent_monotonic_us=max(1, int(monotonic_of(sent_at) * 1e6)),
             dead_after_in_use_ms=0 if self.dead_after_s is None else math.ceil(self.dead_after_s * 1000),
-            usage=usage,
             **more,
         )
 

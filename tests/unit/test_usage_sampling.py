@@ -4,9 +4,18 @@ between two readings, the samples a heartbeat carries and how the control plane 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
+import trio
+from test_agent_heartbeat import (  # noqa: F401 (autojump_clock: a fixture)
+    ScriptedControlPlane,
+    assign,
+    autojump_clock,
+    running_agent,
+    sleep_job,
+)
 
 from actors.console.usage import usage_view
 from actors.ingest_heartbeats import USAGE_VALUE_TOP, usage_rows
@@ -191,3 +200,24 @@ async def test_a_heartbeat_carries_its_samples_as_protocol_messages() -> None:
     request = to_pb(report, pb.HeartbeatRequest)
     assert request.usage == [pb.UsageSample(assignment_id=3, cpu_millis=1930, memory_mb=41, span_ms=5000)]
     assert to_pb(attrs.evolve(report, usage=()), pb.HeartbeatRequest).usage == []
+
+
+async def test_a_heartbeat_leaves_out_the_samples_of_jobs_that_ended_since_they_were_measured(
+    tmp_path: Path,
+    autojump_clock: Any,  # noqa: F811 (the fixture imported above)
+) -> None:
+    """Samples are measured up to usage_interval_s before the heartbeat that carries them: those
+    of assignments no longer running are left out, so a heartbeat never carries more than one
+    per running assignment plus the worker's total (the control plane refuses more)."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1), sleep_job(2))
+        await trio.sleep(1.0)
+        measured = tuple(
+            UsageSample(assignment_id=aid, cpu_millis=1000, memory_mb=1, span_ms=5000)
+            for aid in (0, 1, 2, 3, 4)
+        )
+        report = agent._heartbeat_report(1, trio.current_time(), (), measured)
+    assert report.running_assignment_ids == (1, 2)
+    assert [s.assignment_id for s in report.usage] == [0, 1, 2]
