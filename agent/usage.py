@@ -6,6 +6,7 @@ between them, memory as held at the second).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 
 import attrs
@@ -20,16 +21,20 @@ MAX_SAMPLE_VALUE = 2**31 - 1
 ``integer``); a larger measure is carried as this."""
 
 
-def read_usage(resources: JobResources, names: Mapping[int, str]) -> dict[int, JobUsage]:
+def read_usage(resources: JobResources, names: Mapping[int, str]) -> tuple[dict[int, JobUsage], float]:
     """The counters of the jobs' cgroups named in ``names`` (assignment id -> cgroup name) and,
-    under :data:`WORKER_TOTAL`, of all the worker's jobs; a job whose cgroup is gone is left out.
-    Blocking (file reads): run it in a thread."""
+    under :data:`WORKER_TOTAL`, of all the worker's jobs (a job whose cgroup is gone is left
+    out), and when they were read: the middle of the reads, on the monotonic clock (seconds).
+    Blocking (file reads): run it in a thread. The time is taken here, beside the reads, not
+    when the thread's result reaches the event loop: on a busy machine that hop can take a
+    tenth of a second, a fiftieth of a 5 s span."""
+    began = time.monotonic()
     readings = {WORKER_TOTAL: resources.jobs_usage()}
     for assignment_id, name in names.items():
         confined = resources.find(name)
         if confined is not None:
             readings[assignment_id] = confined.usage()
-    return readings
+    return readings, (began + time.monotonic()) / 2
 
 
 def _capped(value: float) -> int:
@@ -95,7 +100,6 @@ class UsageReporter:
         ticks = Periodic(self.interval_s, last_at=trio.current_time())
         while True:
             names = dict(self.cgroup_names())
-            readings = await trio.to_thread.run_sync(read_usage, self.resources, names)
-            # Read just before: the thread's hop back adds far less than a span's ms.
-            self._pending = self.meter.samples(readings, trio.current_time())
+            readings, read_at_s = await trio.to_thread.run_sync(read_usage, self.resources, names)
+            self._pending = self.meter.samples(readings, read_at_s)
             await ticks.tick()

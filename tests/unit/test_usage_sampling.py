@@ -45,7 +45,7 @@ def test_a_cgroup2_reading_has_the_jobs_cpu_time_and_memory_and_the_workers_tota
     _cgroup(worker_dir, 9_000_000, 700 * MIB)
     _cgroup(worker_dir / "7-3", 4_500_000, 300 * MIB)
     resources = Cgroup2Resources(worker_dir=worker_dir, pids_max=64, jobs_weight=100)
-    readings = read_usage(resources, {3: "7-3", 4: "8-4"})
+    readings, _ = read_usage(resources, {3: "7-3", 4: "8-4"})
     assert readings == {
         WORKER_TOTAL: JobUsage(cpu_s=9.0, throttled_periods=1, memory_bytes=700 * MIB),
         3: JobUsage(cpu_s=4.5, throttled_periods=1, memory_bytes=300 * MIB),
@@ -65,7 +65,7 @@ def test_a_cgroup1_reading_has_cpuacct_usage_and_memory_usage_in_bytes(tmp_path:
 
 def test_without_cgroups_nothing_is_read() -> None:
     """rlimit mode counts nothing: the worker's total has no CPU count, so no sample follows."""
-    readings = read_usage(RlimitResources(), {})
+    readings, _ = read_usage(RlimitResources(), {})
     assert readings == {WORKER_TOTAL: JobUsage()}
     meter = UsageMeter()
     meter.samples(readings, 0.0)
