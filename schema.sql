@@ -615,8 +615,8 @@ SELECT w.id, w.incarnation, w.last_heartbeat_at, w.hold_until, w.dead_after_ms
 -- worker back on trial). Indexes assignments_finished_by_worker, assignments_cancelled_by_worker and
 -- assignments_active_by_worker: one worker's runs since. With the devices it offers (resources,
 -- JSON {name: [unit, ...]}; NULL for none) and those its active assignments hold (units_in_use,
--- JSON [[name, unit], ...]; NULL for none; index assignment_units_one_active_holder), read only
--- for a worker that offers some. A plain SQL function: the planner inlines it into the statement
+-- JSON [[name, unit], ...]; NULL for none; every worker's gathered in one pass over the active
+-- units, index assignment_units_one_active_holder), read only for a worker that offers some. A plain SQL function: the planner inlines it into the statement
 -- that calls it.
 CREATE OR REPLACE FUNCTION live_workers(p_fresh_s float8, p_trial_run_s float8)
 RETURNS TABLE (
@@ -647,10 +647,11 @@ RETURNS TABLE (
                               AND t.worker_incarnation = w.incarnation
                               AND t.confirmed_at + make_interval(secs => p_trial_run_s) <= now()),
            CASE WHEN w.resources <> '{}'::jsonb THEN w.resources::text END,
-           CASE WHEN w.resources <> '{}'::jsonb THEN
-               (SELECT json_agg(json_build_array(u.resource, u.unit))::text FROM assignment_units u
-                 WHERE u.worker_id = w.id AND u.active) END
+           CASE WHEN w.resources <> '{}'::jsonb THEN u.units END
       FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
+      -- every worker's units in use in one pass over the active ones, not a subquery per worker
+      LEFT JOIN (SELECT h.worker_id, json_agg(json_build_array(h.resource, h.unit))::text AS units
+                   FROM assignment_units h WHERE h.active GROUP BY h.worker_id) u ON u.worker_id = w.id
      WHERE w.state = 'alive' AND w.last_heartbeat_at > now() - make_interval(secs => p_fresh_s)
        AND (w.hold_until IS NULL OR w.hold_until <= now())
 $$;

@@ -5,6 +5,7 @@ tasks or none. docs/gangs.md, "Placement".
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
@@ -51,6 +52,13 @@ class PendingGang:
     since: float = 0.0
     not_before: float = -np.inf
     reasons: Mapping[int, str] = attrs.field(factory=dict)
+    reason: str | None = attrs.field(init=False)
+    """The reason stored for every one of its tasks ('' for none); None when they differ."""
+
+    @reason.default
+    def _common_reason(self) -> str | None:
+        stored = {self.reasons.get(t, "") for t in self.task_ids}
+        return stored.pop() if len(stored) == 1 else None
 
     @property
     def size(self) -> int:
@@ -68,9 +76,15 @@ class GangQueue:
     """Bumped at every change, so a round can tell that nothing changed."""
     _whole: tuple[int, list[PendingGang]] | None = None
     _accounts: tuple[int, set[str]] | None = None
+    _held: dict[int, tuple[int, int]] = attrs.field(factory=dict)
+    """Job id -> (gang id, rank) of every task held: what :meth:`remove` looks up."""
+    _built: dict[int, PendingGang] = attrs.field(factory=dict)
+    """The whole gangs as :meth:`whole` last made them, by id."""
+    _dirty: set[int] = attrs.field(factory=set)
+    """The gangs changed since: :meth:`whole` makes only these again."""
 
     def __len__(self) -> int:
-        return sum(len(t) for t in self._tasks.values())
+        return len(self._held)
 
     def replace(
         self,
@@ -82,7 +96,8 @@ class GangQueue:
         """Hold exactly these (job, gang task, stored reason) triples; a gang held whole before
         keeps when it became whole."""
         since = self._since
-        self._tasks, self._since = {}, {}
+        self._tasks, self._since, self._held, self._built, self._dirty = {}, {}, {}, {}, set()
+        self._whole = None
         self.add(tasks, now=now, not_before=not_before)
         for gang_id in self._tasks:
             if gang_id in since:
@@ -102,6 +117,8 @@ class GangQueue:
         for job, task, reason in tasks:
             held = self._tasks.setdefault(task.gang_id, {})
             held[task.rank] = (job, task, reason, not_before.get(job.job_id, -np.inf))
+            self._held[job.job_id] = (task.gang_id, task.rank)
+            self._dirty.add(task.gang_id)
             added = True
             if len(held) == task.size:
                 self._since.setdefault(task.gang_id, now)
@@ -118,14 +135,17 @@ class GangQueue:
 
     def remove(self, job_ids: Iterable[int]) -> None:
         """Drop these tasks (placed, or no longer pending); their gangs are no longer whole."""
-        gone = set(job_ids)
         changed = False
-        for gang_id in list(self._tasks):
+        for job_id in job_ids:
+            found = self._held.pop(job_id, None)
+            if found is None:
+                continue
+            gang_id, rank = found
             held = self._tasks[gang_id]
-            for rank in [r for r, (job, *_) in held.items() if job.job_id in gone]:
-                del held[rank]
-                changed = True
-                self._since.pop(gang_id, None)
+            del held[rank]
+            self._dirty.add(gang_id)
+            changed = True
+            self._since.pop(gang_id, None)
             if not held:
                 del self._tasks[gang_id]
         if changed:
@@ -133,38 +153,51 @@ class GangQueue:
 
     def store_reasons(self, reasons: Iterable[tuple[int, str]]) -> None:
         """Record the reasons now stored for these tasks (others are ignored)."""
-        by_id = dict(reasons)
-        for held in self._tasks.values():
-            for rank, (job, task, _reason, wait) in held.items():
-                if job.job_id in by_id:
-                    held[rank] = (job, task, by_id[job.job_id], wait)
-                    self._whole = None
+        for job_id, reason in reasons:
+            found = self._held.get(job_id)
+            if found is None:
+                continue
+            gang_id, rank = found
+            held = self._tasks[gang_id]
+            job, task, _reason, wait = held[rank]
+            held[rank] = (job, task, reason, wait)
+            self._dirty.add(gang_id)
+            self._whole = None
 
     def whole(self) -> list[PendingGang]:
         """The gangs all of whose tasks are held, by priority (highest first), then gang id
-        (worked out again only after a change)."""
-        if self._whole is not None and self._whole[0] == self.version:
+        (worked out again only after a change, and only for the gangs it changed)."""
+        if self._whole is not None and self._whole[0] == self.version and not self._dirty:
             return self._whole[1]
-        gangs = []
-        for gang_id, held in self._tasks.items():
-            first = next(iter(held.values()))[1]
-            if len(held) != first.size or set(held) != set(range(first.size)):
-                continue
-            ranked = [held[r] for r in range(first.size)]
-            gangs.append(
-                PendingGang(
-                    gang_id=gang_id,
-                    task_ids=tuple(job.job_id for job, *_ in ranked),
-                    job=ranked[0][0],
-                    spread=first.spread,
-                    since=self._since.get(gang_id, 0.0),
-                    not_before=max(wait for *_, wait in ranked),
-                    reasons={job.job_id: reason for job, _, reason, _ in ranked if reason},
-                )
-            )
-        ordered = sorted(gangs, key=lambda g: (-g.job.priority, g.gang_id))
+        for gang_id in self._dirty:
+            gang = self._made(gang_id)
+            if gang is None:
+                self._built.pop(gang_id, None)
+            else:
+                self._built[gang_id] = gang
+        self._dirty.clear()
+        ordered = sorted(self._built.values(), key=lambda g: (-g.job.priority, g.gang_id))
         self._whole = (self.version, ordered)
         return ordered
+
+    def _made(self, gang_id: int) -> PendingGang | None:
+        """The gang ``gang_id`` as held now, if all of its tasks are."""
+        held = self._tasks.get(gang_id)
+        if not held:
+            return None
+        first = next(iter(held.values()))[1]
+        if len(held) != first.size or set(held) != set(range(first.size)):
+            return None
+        ranked = [held[r] for r in range(first.size)]
+        return PendingGang(
+            gang_id=gang_id,
+            task_ids=tuple(job.job_id for job, *_ in ranked),
+            job=ranked[0][0],
+            spread=first.spread,
+            since=self._since.get(gang_id, 0.0),
+            not_before=max(wait for *_, wait in ranked),
+            reasons={job.job_id: reason for job, _, reason, _ in ranked if reason},
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -288,9 +321,11 @@ def _never(
     )
 
 
-def waiting_reason(gang: PendingGang) -> str:
-    """The reason of a gang that could be placed but not now: its tasks wait together."""
-    return f"gang: waiting for room for all {gang.size} tasks at once"
+@functools.lru_cache(maxsize=64)
+def waiting_reason(size: int) -> str:
+    """The reason of a gang of ``size`` tasks that could be placed but not now: its tasks wait
+    together."""
+    return f"gang: waiting for room for all {size} tasks at once"
 
 
 def place_gangs(
@@ -357,14 +392,17 @@ def place_gangs(
     reserved: dict[str, int] = {}
 
     def tell(gang: PendingGang, reason: str) -> None:
-        reasons.extend((t, reason) for t in gang.task_ids if gang.reasons.get(t, "") != reason)
+        if gang.reason != reason:  # most rounds a waiting gang's tasks have this reason stored
+            reasons.extend((t, reason) for t in gang.task_ids if gang.reasons.get(t, "") != reason)
 
     # Per shape (size, spread, cpu, mem, container, constraints, device ask): whether it can ever
     # fit, worked out once a round; eligibility per (container, constraints, device ask).
     eligible_of: dict[tuple[bool, tuple[object, ...], tuple[object, ...]], np.ndarray] = {}
     never_of = {} if memo is None else memo.for_gangs(workers_key(ordered, repeats=True))
     fits_of: dict[tuple[object, ...], int] = {}
+    allowed_of: dict[tuple[int, tuple[object, ...]], np.ndarray] = {}
     changes = 0
+    reserving = 0  # gangs that reserved workers
     taken: dict[str, tuple[int, int]] = {}
     for gang in gangs:
         if gang.not_before > now:
@@ -379,17 +417,23 @@ def place_gangs(
         if eligible is None:
             eligible = eligible_of[group] = _eligible(job, ordered)
         shape = (gang.size, gang.spread, cpu, mem, group)
-        if shape not in never_of:
-            never_of[shape] = _never(gang, ordered, eligible, cap_cpu, cap_mem, devices.capacity)
-        never = never_of[shape]
+        if shape in never_of:
+            never = never_of[shape]
+        else:
+            never = never_of[shape] = _never(gang, ordered, eligible, cap_cpu, cap_mem, devices.capacity)
         if never is not None:
             tell(gang, never)
             continue
-        over = _over_quota(gang, (quotas or {}).get(job.owner), taken.get(job.owner, (0, 0)))
-        if over is not None:
-            tell(gang, over)
-            continue
-        allowed = eligible & open_
+        if quotas:
+            over = _over_quota(gang, quotas.get(job.owner), taken.get(job.owner, (0, 0)))
+            if over is not None:
+                tell(gang, over)
+                continue
+        # The workers that may take it as the round stands: eligible ones neither blocked nor
+        # reserved (changed only with the rooms).
+        allowed = allowed_of.get((changes, group))
+        if allowed is None:
+            allowed = allowed_of[changes, group] = eligible & open_
         # Tasks of one size: best fit one by one succeeds exactly when the free rooms hold them
         # all at once (one per worker with spread), so a gang that does not fit costs no loop;
         # how many fit is worked out once per shape until the rooms change.
@@ -402,12 +446,14 @@ def place_gangs(
             room = np.minimum(room, left) * allowed
             fits_now = fits_of[key] = int(np.count_nonzero(room > 0)) if gang.spread else int(room.sum())
         if fits_now < gang.size:
-            tell(gang, waiting_reason(gang))
-            if len(set(reserved.values())) < max_reservations and now - gang.since >= reserve_after_s:
-                for k in _reserve(gang, allowed, free_cpu, free_mem, cap_cpu, cap_mem):
+            tell(gang, waiting_reason(gang.size))
+            if reserving < max_reservations and now - gang.since >= reserve_after_s:
+                kept = _reserve(gang, allowed, free_cpu, free_mem, cap_cpu, cap_mem)
+                for k in kept:
                     reserved[names[k]] = gang.gang_id
                     open_[k] = False
                     changes += 1
+                reserving += 1 if kept else 0
             continue
         try_cpu, try_mem, try_left = free_cpu.copy(), free_mem.copy(), left.copy()
         try_units = {name: devices.free[name].copy() for name, _ in ask}
@@ -441,7 +487,7 @@ def place_gangs(
             if ask:
                 units.update((t, devices.take(ask, k)) for t, k in zip(gang.task_ids, chosen, strict=True))
             continue
-        tell(gang, waiting_reason(gang))
+        tell(gang, waiting_reason(gang.size))
     return GangPlan(placements=tuple(placements), reasons=tuple(reasons), reserved=reserved, units=units)
 
 

@@ -319,6 +319,25 @@ class PgPlacerStore(ReadStore):
     quotas: dict[str, AccountQuota] = attrs.field(factory=dict, init=False)
     with_account_use: bool = attrs.field(default=False, init=False)
     account_use: dict[str, AccountShare] | None = attrs.field(default=None, init=False)
+    _seen: dict[str, tuple[tuple[Any, ...], LiveWorker]] = attrs.field(factory=dict, init=False)
+    """Worker id -> its columns as last read and the :class:`LiveWorker` made of them: a row
+    read again unchanged (most, round after round) is not parsed again."""
+
+    def _live_workers(self, rows: Iterable[tuple[Any, ...]]) -> list[LiveWorker]:
+        """:class:`LiveWorker` of each row of :data:`_WORKER_COLUMNS` values, kept from the last
+        read where the row is the same."""
+        seen, self._seen = self._seen, {}
+        workers = []
+        for values in rows:
+            kept = seen.get(values[0])
+            worker = (
+                kept[1]
+                if kept is not None and kept[0] == values
+                else _live_worker(dict(zip(_WORKER_COLUMNS, values, strict=True)))
+            )
+            self._seen[values[0]] = (values, worker)
+            workers.append(worker)
+        return workers
 
     def server_settings(self) -> dict[str, str]:
         # As the ledger's: plan each read once.
@@ -329,7 +348,7 @@ class PgPlacerStore(ReadStore):
         rows = await conn.fetch(queries.LIVE_WORKERS, fresh_s, self.trial_run_s)
         self.quotas = _quotas(await conn.fetchrow(queries.QUOTAS))
         self.account_use = None
-        return [_live_worker(r) for r in rows]
+        return self._live_workers(tuple(r[c] for c in _WORKER_COLUMNS) for r in rows)
 
     async def pending_jobs(self, limit: int) -> tuple[list[WaitingJob], PendingMark]:
         row = await (await self._connection()).fetchrow(queries.PENDING_JOBS, limit)
@@ -354,7 +373,7 @@ class PgPlacerStore(ReadStore):
         )
         assert row is not None
         self.account_use = _account_use(row) if self.with_account_use else None
-        workers = [_live_worker(w) for w in records(row, _WORKER_COLUMNS, prefix="w_")]
+        workers = self._live_workers(parallel(row, _WORKER_COLUMNS, prefix="w_"))
         self.quotas = _quotas(row)
         rows = _job_rows(row)
         # Rows above the mark came from the limited part of the read, the others from the

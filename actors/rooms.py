@@ -6,6 +6,7 @@ worker could hold (:func:`unschedulable_reason`, memoised per shape by :class:`R
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,9 +45,15 @@ class WorkerRoom:
     def free_units(self, name: str) -> list[str]:
         """The units of ``name`` it offers that no active assignment holds, lowest first
         (:func:`unit_order`)."""
-        return sorted(
-            (u for u in self.resources.get(name, ()) if (name, u) not in self.units_in_use), key=unit_order
-        )
+        in_use = self.units_in_use
+        return [u for u in lowest_first(tuple(self.resources.get(name, ()))) if (name, u) not in in_use]
+
+
+@functools.lru_cache(maxsize=4096)
+def lowest_first(units: tuple[str, ...]) -> tuple[str, ...]:
+    """``units`` in :func:`unit_order` (cached: a worker offers the same units round after
+    round)."""
+    return tuple(sorted(units, key=unit_order))
 
 
 def unit_order(unit: str) -> tuple[int, int, str]:
@@ -124,7 +131,15 @@ def workers_key(workers: Sequence[WorkerRoom], *, repeats: bool = False) -> tupl
     """What :func:`unschedulable_reason` reads of ``workers``: the distinct (cpu_millis,
     memory_mb, runs_containers, labels, device counts offered) among them, sorted. Equal keys
     give equal reasons. With ``repeats``, each worker's, repeats kept: what a gang's reason reads
-    (it counts workers, :func:`actors.gangs.place_gangs`)."""
+    (it counts workers, :func:`actors.gangs.place_gangs`). Kept for the last workers seen (per
+    ``repeats``): a round's rooms hold the very label and device maps of the last round's for
+    the workers whose rows did not change (actors/placer_store.py), so most rounds find it."""
+    ident = tuple(
+        (w.cpu_millis, w.memory_mb, w.runs_containers, id(w.labels), id(w.resources)) for w in workers
+    )
+    kept = _LAST_KEYS.get(repeats)
+    if kept is not None and kept[0] == ident:
+        return kept[2]
     each = (
         (
             w.cpu_millis,
@@ -135,7 +150,15 @@ def workers_key(workers: Sequence[WorkerRoom], *, repeats: bool = False) -> tupl
         )
         for w in workers
     )
-    return tuple(sorted(each if repeats else set(each)))
+    key = tuple(sorted(each if repeats else set(each)))
+    # The maps themselves are kept with it, so that no other map can take their ids meanwhile.
+    _LAST_KEYS[repeats] = (ident, [(w.labels, w.resources) for w in workers], key)
+    return key
+
+
+_LAST_KEYS: dict[bool, tuple[tuple[Any, ...], list[Any], tuple[Any, ...]]] = {}
+"""``repeats`` -> the identity of the last workers :func:`workers_key` read (capacities and the
+ids of their label and device maps), those maps, and their key."""
 
 
 def unschedulable_reason(job: PendingJob, workers: Sequence[WorkerRoom]) -> str | None:

@@ -252,12 +252,15 @@ def plan_round_steps(
             open_windows=True,
             memo=reason_cache,
         )
-        sizes = task_sizes(first)
-        rooms = gang_plan.rooms_left(rooms, sizes)
-        owner = {t: g.job.owner for g in first for t in g.task_ids}
-        quotas = quotas_after(quotas, ((owner[t], *sizes[t]) for t, _ in gang_plan.placements))
-        first_task = {g.gang_id: g.task_ids[0] for g in first}
-        held = {**(held or {}), **{w: first_task[g] for w, g in gang_plan.reserved.items()}}
+        if gang_plan.placements:  # most rounds place no gang: nothing to work out per task
+            placed_gangs = _placed(gang_plan, first)
+            sizes = task_sizes(placed_gangs)
+            rooms = gang_plan.rooms_left(rooms, sizes)
+            owner = {t: g.job.owner for g in placed_gangs for t in g.task_ids}
+            quotas = quotas_after(quotas, ((owner[t], *sizes[t]) for t, _ in gang_plan.placements))
+        if gang_plan.reserved:
+            first_task = {g.gang_id: g.task_ids[0] for g in first}
+            held = {**(held or {}), **{w: first_task[g] for w, g in gang_plan.reserved.items()}}
         yield
     plan: Plan = yield from place_queue_steps(
         queue,
@@ -353,7 +356,9 @@ def _gang_placements(
     gang_plan: GangPlan, gangs: Sequence[PendingGang], by_id: Mapping[str, WorkerRef]
 ) -> tuple[Placement, ...]:
     """The placements of the gangs ``gang_plan`` placed whole."""
-    size = {t: (g.job.cpu_millis, g.job.memory_mb) for g in gangs for t in g.task_ids}
+    if not gang_plan.placements:
+        return ()
+    size = task_sizes(_placed(gang_plan, gangs))
     return tuple(
         Placement(
             job_id=job_id,
@@ -367,8 +372,16 @@ def _gang_placements(
     )
 
 
+def _placed(gang_plan: GangPlan, gangs: Sequence[PendingGang]) -> list[PendingGang]:
+    """The gangs of ``gangs`` that ``gang_plan`` placed."""
+    tasks = {job_id for job_id, _ in gang_plan.placements}
+    return [g for g in gangs if g.task_ids[0] in tasks]
+
+
 def gang_plan_reserving(gang_plan: GangPlan, gangs: Sequence[PendingGang]) -> set[int]:
     """The first task ids of the gangs holding a reservation in ``gang_plan``."""
+    if not gang_plan.reserved:
+        return set()
     first_task = {g.gang_id: g.task_ids[0] for g in gangs}
     return {first_task[g] for g in gang_plan.reserved.values()}
 

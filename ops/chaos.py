@@ -29,6 +29,7 @@ from ops.chaosresult import (
     DEVICE_JOB_DURATION_S,
     DEVICE_JOB_GPUS,
     FAILING_MAX_ATTEMPTS,
+    FINISH_PROGRESS_EVERY_S,
     GANG_EVERY,
     GANG_MAX_ATTEMPTS,
     GANG_SAMPLE_EVERY_S,
@@ -546,14 +547,27 @@ class Harness:
                 await stop.wait()
 
     async def _wait_finished(self, client: ControlPlaneClient) -> None:
+        """Wait until no job is pending, assigned or running, for as long as jobs keep ending:
+        the wait gives up once none has ended for ``finish_timeout_s`` (a stall, not a backlog
+        the cluster is still working through: a loaded machine stretches the injections, and
+        the jobs submitted meanwhile, device jobs above all, may outnumber what the devices run
+        in a fixed time)."""
         self.progress("injections done; waiting for every job to finish")
-        with trio.move_on_after(self.settings.finish_timeout_s):
-            while True:
-                with contextlib.suppress(StockadeError):
-                    status = await client.call("status", pb.StatusRequest())
-                    if not any(c.count for c in status.jobs if c.state in ("pending", "assigned", "running")):
-                        return
-                await trio.sleep(0.5)
+        ended, last_change = -1, trio.current_time()
+        told = trio.current_time()
+        while trio.current_time() - last_change < self.settings.finish_timeout_s:
+            with contextlib.suppress(StockadeError):
+                status = await client.call("status", pb.StatusRequest())
+                left = sum(c.count for c in status.jobs if c.state in ("pending", "assigned", "running"))
+                if not left:
+                    return
+                done = sum(c.count for c in status.jobs if c.state in ("succeeded", "failed", "cancelled"))
+                if done != ended:
+                    ended, last_change = done, trio.current_time()
+                if trio.current_time() - told >= FINISH_PROGRESS_EVERY_S:
+                    self.progress(f"{left} jobs still to finish ({ended} ended)")
+                    told = trio.current_time()
+            await trio.sleep(0.5)
 
     # ------------------------------------------------------------ leaders and workers
 

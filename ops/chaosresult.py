@@ -96,7 +96,8 @@ class ChaosSettings:
     new_leader_timeout_s: float = 20.0
     """Give up waiting for a new leader after this long (counts as a failed run)."""
     finish_timeout_s: float = 300.0
-    """How long to wait, after the injections, for every job to finish."""
+    """After the injections, how long the wait for every job to finish goes on with no job
+    ending before it gives up (a stall); it goes on as long as jobs keep ending."""
     seed: int = 1
     accounts: int = 1
     """User accounts the jobs are submitted by, round-robin (chaos-1, chaos-2, ...; weights 1, 2,
@@ -128,6 +129,8 @@ GANG_MAX_ATTEMPTS = 20
 """A chaos gang's attempts: enough for the worker kills it may meet."""
 GANG_SAMPLE_EVERY_S = 0.5
 """How often a chaos run with ``--gangs`` reads the view ``partial_gangs``."""
+FINISH_PROGRESS_EVERY_S = 30.0
+"""How often the wait for every job to finish says how many are left."""
 
 
 @attrs.define

@@ -10,7 +10,7 @@ import difflib
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -234,25 +234,27 @@ def env_option(option: str, items: Iterable[str]) -> list[tuple[str, str]]:
 def ids_option(option: str, items: Iterable[str]) -> list[int]:
     """``--after ID[,ID...]`` values (repeatable) as job ids, in order; InvalidArgument unless
     comma-separated whole numbers."""
-    ids = []
-    for item in items:
-        for part in item.split(","):
-            if re.fullmatch(r"\s*[0-9]{1,30}\s*", part) is None:
-                raise InvalidArgument(option, item, "must be job ids separated by commas (e.g. 12,15)")
-            ids.append(int(part))
-    return ids
+    return _whole_numbers(option, items, r"\s*[0-9]{1,30}\s*", "job ids separated by commas (e.g. 12,15)")
 
 
 def exit_codes_option(option: str, items: Iterable[str]) -> list[int]:
     """``--retry-on-exit CODE[,CODE...]`` values (repeatable) as integers, in order;
     InvalidArgument unless comma-separated whole numbers (the range is the spec's rule)."""
-    codes = []
+    return _whole_numbers(
+        option, items, r"\s*[-+]?[0-9]{1,30}\s*", "exit codes separated by commas (e.g. 1,75)"
+    )
+
+
+def _whole_numbers(option: str, items: Iterable[str], number: str, what: str) -> list[int]:
+    """The comma-separated numbers of repeated option values, in order; InvalidArgument naming the
+    value when a part does not match the regular expression ``number`` (it "must be ``what``")."""
+    numbers = []
     for item in items:
         for part in item.split(","):
-            if re.fullmatch(r"\s*[-+]?[0-9]{1,30}\s*", part) is None:
-                raise InvalidArgument(option, item, "must be exit codes separated by commas (e.g. 1,75)")
-            codes.append(int(part))
-    return codes
+            if re.fullmatch(number, part) is None:
+                raise InvalidArgument(option, item, f"must be {what}")
+            numbers.append(int(part))
+    return numbers
 
 
 def names_option(items: Iterable[str]) -> list[str]:
@@ -294,6 +296,8 @@ def spec_of_options(options: Mapping[str, Any]) -> JobSpec:
 
 # ---------------------------------------------------------------------------- values from a file
 
+_Item = TypeVar("_Item")
+
 
 def _whole(field: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
@@ -319,31 +323,34 @@ def _flag(field: str, value: Any) -> bool:
     return value
 
 
-def _texts(field: str, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise InvalidArgument(field, value, 'must be a list of text, e.g. ["python3", "-c", "print(1)"]')
-    return tuple(_text(f"{field}[{index}]", item) for index, item in enumerate(value))
+def _list_of(read: Callable[[str, Any], _Item], what: str) -> Callable[[str, Any], tuple[_Item, ...]]:
+    """A reader of a list of ``what`` (its error's words), each item read by ``read`` and named
+    ``field[index]`` in its error."""
+
+    def read_list(field: str, value: Any) -> tuple[_Item, ...]:
+        if not isinstance(value, list):
+            raise InvalidArgument(field, value, f"must be a list of {what}")
+        return tuple(read(f"{field}[{index}]", item) for index, item in enumerate(value))
+
+    return read_list
 
 
-def _constraints(field: str, value: Any) -> tuple[Constraint, ...]:
-    if not isinstance(value, list):
-        raise InvalidArgument(field, value, 'must be a list of constraints, e.g. ["gpu=a100"]')
-    return tuple(
-        parse_constraint(_text(f"{field}[{index}]", item), field=f"{field}[{index}]")
-        for index, item in enumerate(value)
-    )
+def _table_of(
+    read: Callable[[str, Any], _Item], what: str
+) -> Callable[[str, Any], tuple[tuple[str, _Item], ...]]:
+    """A reader of a table of ``what`` (its error's words): (name, value) pairs in the file's
+    order, each value read by ``read`` and named ``field[name]`` in its error."""
+
+    def read_table(field: str, value: Any) -> tuple[tuple[str, _Item], ...]:
+        if not isinstance(value, dict):
+            raise InvalidArgument(field, value, f"must be a table of {what}")
+        return tuple((name, read(f"{field}[{name}]", item)) for name, item in value.items())
+
+    return read_table
 
 
-def _env(field: str, value: Any) -> tuple[tuple[str, str], ...]:
-    if not isinstance(value, dict):
-        raise InvalidArgument(field, value, 'must be a table of NAME = "value"')
-    return tuple((name, _text(f"{field}[{name}]", item)) for name, item in value.items())
-
-
-def _resources(field: str, value: Any) -> tuple[tuple[str, int], ...]:
-    if not isinstance(value, dict):
-        raise InvalidArgument(field, value, "must be a table of NAME = COUNT (e.g. gpu = 2)")
-    return tuple((name, _whole(f"{field}[{name}]", item)) for name, item in value.items())
+def _constraint(field: str, value: Any) -> Constraint:
+    return parse_constraint(_text(field, value), field=field)
 
 
 def _after(field: str, value: Any) -> tuple[int | str, ...]:
@@ -353,18 +360,6 @@ def _after(field: str, value: Any) -> tuple[int | str, ...]:
         item if isinstance(item, str) else _whole(f"{field}[{index}]", item)
         for index, item in enumerate(items)
     )
-
-
-def _exit_codes(field: str, value: Any) -> tuple[int, ...]:
-    if not isinstance(value, list):
-        raise InvalidArgument(field, value, "must be a list of exit codes, e.g. [1, 75]")
-    return tuple(_whole(f"{field}[{index}]", item) for index, item in enumerate(value))
-
-
-def _reasons(field: str, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise InvalidArgument(field, value, 'must be a list of reasons, e.g. ["oom_killed"]')
-    return tuple(_text(f"{field}[{index}]", item) for index, item in enumerate(value))
 
 
 def _array(field: str, value: Any) -> Any:
@@ -379,21 +374,21 @@ _READERS: dict[str, Callable[[str, Any], Any]] = {
     "memory_mb": _whole,
     "priority": _whole,
     "sleep_s": _number,
-    "command": _texts,
+    "command": _list_of(_text, 'text, e.g. ["python3", "-c", "print(1)"]'),
     "image": _text,
     "max_attempts": _whole,
     "retry_backoff_s": _number,
     "count_lost": _flag,
     "timeout_s": _number,
-    "constraints": _constraints,
-    "env": _env,
+    "constraints": _list_of(_constraint, 'constraints, e.g. ["gpu=a100"]'),
+    "env": _table_of(_text, 'NAME = "value"'),
     "workdir": _text,
     "after": _after,
     "array": _array,
     "max_failed_tasks": _whole,
-    "retry_on_exit": _exit_codes,
-    "no_retry_on": _reasons,
-    "resources": _resources,
+    "retry_on_exit": _list_of(_whole, "exit codes, e.g. [1, 75]"),
+    "no_retry_on": _list_of(_text, 'reasons, e.g. ["oom_killed"]'),
+    "resources": _table_of(_whole, "NAME = COUNT (e.g. gpu = 2)"),
     "tasks": _whole,
     "spread": _flag,
 }

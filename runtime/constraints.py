@@ -27,6 +27,7 @@ import attrs
 from runtime.checks import check_text
 from runtime.errors import InvalidArgument
 from runtime.identifiers import check_label_key, check_label_value
+from runtime.settings.fields import str_tuple
 
 OPERATORS = ("=", "!=", "exists", "in")
 """The operators a constraint may use (its ``op``)."""
@@ -40,10 +41,6 @@ SYNTAX = "must be key=value, key!=value, key (the label exists) or key in (a,b)"
 """The rule a constraint's text form breaks when it parses as none of the operators."""
 
 
-def _strings(value: Iterable[str]) -> tuple[str, ...]:
-    return tuple(value)
-
-
 _IN = re.compile(r"(?P<key>[^\s=!(),]+)\s+in\s*\((?P<values>[^()]*)\)")
 
 
@@ -55,7 +52,7 @@ class Constraint:
     """The label's key (``[prefix/]name``)."""
     op: str
     """One of :data:`OPERATORS`."""
-    values: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    values: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
     """The value compared (one for ``=`` and ``!=``; one or more for ``in``; none for
     ``exists``)."""
 

@@ -22,6 +22,7 @@ from runtime.checks import check_int_between, check_text, utf8_bytes
 from runtime.constraints import Constraint, check_constraints
 from runtime.errors import InvalidArgument
 from runtime.resources import check_asked
+from runtime.settings.fields import str_tuple
 from runtime.validation import MAX_ID
 
 MAX_CPU_MILLIS = 1_000_000  # 1000 cores
@@ -96,19 +97,11 @@ MAX_GANG_TASKS = 256
 """Most tasks of one gang (``--tasks``): all of them are placed in one fenced commit."""
 
 
-def _argv(value: Iterable[str]) -> tuple[str, ...]:
-    return tuple(value)
-
-
 def _constraints(value: Iterable[Constraint]) -> tuple[Constraint, ...]:
     return tuple(value)
 
 
 def _ids(value: Iterable[int]) -> tuple[int, ...]:
-    return tuple(value)
-
-
-def _names(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
@@ -138,7 +131,7 @@ class CommandRuntime:
     kind: ClassVar[str] = "command"
     """The runtime's name (``jobs.runtime`` in the database)."""
 
-    argv: tuple[str, ...] = attrs.field(converter=_argv)
+    argv: tuple[str, ...] = attrs.field(converter=str_tuple)
     """The program and its arguments (any sequence of str is kept as a tuple): 1 to
     :data:`MAX_ARGV_ITEMS` items, :data:`MAX_ARGV_BYTES` bytes of UTF-8 in all, the first
     not empty."""
@@ -217,7 +210,7 @@ class ContainerRuntime:
 
     image: str
     """The image reference, ``repository[:tag][@digest]`` (:func:`check_image`)."""
-    argv: tuple[str, ...] = attrs.field(default=(), converter=_argv)
+    argv: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
     """The command and its arguments, as a command job's (same limits); empty: the image's own
     entry point and command."""
 
@@ -393,7 +386,7 @@ class JobSpec:
     """The working directory, an absolute path on the worker; empty: the job's own folder."""
     after: tuple[int, ...] = attrs.field(default=(), converter=_ids)
     """Jobs that must all have succeeded before this one becomes pending."""
-    after_names: tuple[str, ...] = attrs.field(default=(), converter=_names)
+    after_names: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
     """Jobs of the same batch (SubmitJobs; a job file) by name, each once, that must all have
     succeeded before this one becomes pending (an array: all its tasks); resolved to the ids
     the batch's transaction assigns (:func:`runtime.validation.pipeline_order`). With
@@ -406,7 +399,7 @@ class JobSpec:
     killed by a signal) ends the job failed at once, attempts left or not. Empty: every exit
     code may be retried. Runs that failed for a reason (:data:`FAILURE_REASONS`) are judged by
     ``no_retry_on`` instead (Kubernetes' ``podFailurePolicy``, ``onExitCodes``)."""
-    no_retry_on: tuple[str, ...] = attrs.field(default=(), converter=_names)
+    no_retry_on: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
     """Reasons (of :data:`FAILURE_REASONS`, each once) of a failed run that end the job failed
     at once (``oom_killed``, ``timeout``...). The rule runs in one place, ``schema.sql``'s
     ``retry_refusal``."""

@@ -1,10 +1,11 @@
-"""The read-only web console every replica serves on its ``http_port``: an actor.
+"""The web console every replica serves on its ``http_port``: an actor.
 
 :class:`Console` serves the pages of :mod:`actors.console.app` with Hypercorn's trio worker and
 samples the cluster's packing every ``sample_interval_s`` into an in-memory ring, refreshing the
-list of the other replicas' consoles at the same time; it writes nothing. With the cluster's TLS
-files it serves HTTPS and asks for login tokens (:mod:`runtime.console_token`; docs/console.md);
-without them it serves plain HTTP on 127.0.0.1 only, with no login.
+list of the other replicas' consoles at the same time. Its pages read; its actions (cancel,
+cordon, uncordon, drain) go through the ingest's handlers (:mod:`actors.console.actions`). With
+the cluster's TLS files it serves HTTPS and asks for login tokens (:mod:`runtime.console_token`;
+docs/console.md); without them it serves plain HTTP on 127.0.0.1 only, with no login.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.console.actions import ConsoleActions
 from actors.console.app import ConsoleApp, TokenCheck, build_app
 from actors.console.store import ConsoleStore, DatabaseDown
 from actors.console.views import PackingRing, PackingSample
@@ -102,6 +104,10 @@ class Console:
             tokens = TokenCheck(self.tls.ca_path.read_bytes(), self.settings.max_token_lifetime_s, self.clock)
         else:
             config.bind = [f"{INSECURE_HOST}:{self.http_port}"]
+        logs = LogRelay(self.cp_id, IngestSettings(), None if self.tls is None else ClientTls(self.tls))
+        actions = ConsoleActions(
+            self.cp_id, self.database_url, logs, open_timeout_s=self.settings.read_timeout_s
+        )
         # Built on a thread: compiling the templates takes a few hundred ms of CPU.
         self.app = await trio.to_thread.run_sync(
             partial(
@@ -111,9 +117,8 @@ class Console:
                 store=store,
                 settings=self.settings,
                 tokens=tokens,
-                logs=LogRelay(
-                    self.cp_id, IngestSettings(), None if self.tls is None else ClientTls(self.tls)
-                ),
+                logs=logs,
+                actions=actions,
                 ring=PackingRing(size=self.settings.history_samples),
                 clock=self.clock,
                 consoles=[(self.cp_id, self.url)],
@@ -133,6 +138,7 @@ class Console:
                 task_status.started()
         finally:
             self.app.logs.close()
+            await actions.close()
             await store.close()
 
     async def _sample(self, app: ConsoleApp, *, task_status: trio.TaskStatus[None]) -> None:

@@ -12,20 +12,22 @@ import json
 import math
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 import jinja2
 import trio
-from cryptography import x509
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
-from actors.console import views
+from actors.console import output, views
+from actors.console.actions import ACTIONS, ConsoleActions
+from actors.console.login import TokenCheck
+from actors.console.parts import PageFn, PageStatus, Part, job_id_param, page_part, scope_of
 from actors.console.store import ConsoleStore, DatabaseDown
 from actors.console.usage import (
     JOB_NO_USAGE,
@@ -34,13 +36,15 @@ from actors.console.usage import (
     WORKER_NO_USAGE,
     usage_values,
 )
-from actors.logs import LogRelay, log_source
+from actors.logs import LogRelay
 from actors.queries import console as q
 from actors.queries import job_spec_of
-from protocol import pb
 from runtime import identifiers, log, validation
-from runtime.console_token import TokenRefused, audience_of, verify_token
-from runtime.errors import Busy, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from runtime.aio import Caller
+from runtime.console_token import TokenRefused
+from runtime.errors import (
+    InvalidArgument,
+)
 from runtime.settings.control_plane import ConsoleSettings
 from runtime.tls import Identity
 
@@ -52,79 +56,17 @@ WORKER_ASSIGNMENTS_SHOWN = 50
 """Assignments a worker's page lists."""
 MAX_FILTER_CHARS = 200
 """Longest ``name`` or ``worker`` filter the jobs page takes."""
+JOBS_PER_PAGE = 50
+"""Jobs one page of the jobs page lists (newest first; older and newer ones a link away)."""
+OUTPUT_PAGE_BYTES = 64 * 1024
+"""Bytes of one stream an output page shows."""
+DOWNLOAD_TIMEOUT_S = 60.0
+"""Longest a download of a whole stream waits for its worker, in seconds."""
+ACTION_HEADER = "X-Stockade-Action"
+"""The header every action request carries (a form of another site cannot set it)."""
 REFUSAL_LOG_EVERY_S = 60.0
 """At most one log line per reason of refused logins in this many seconds."""
 PAGE_FAILED = "this page failed; the replica's log says why"
-
-
-@attrs.define
-class TokenCheck:
-    """Checks the login tokens of requests (:mod:`runtime.console_token`) against the cluster CA.
-
-    Args:
-        ca_pem: the cluster CA's certificate, PEM.
-        max_lifetime_s: the longest token lifetime accepted, in seconds.
-        clock: the wall clock, Unix seconds.
-    """
-
-    ca_pem: bytes
-    max_lifetime_s: float
-    clock: Callable[[], float] = time.time
-    _ca: x509.Certificate = attrs.field(init=False)
-    _audience: str = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self._ca = x509.load_pem_x509_certificate(self.ca_pem)
-        self._audience = audience_of(self.ca_pem)
-
-    def identity(self, authorization: str | None) -> Identity:
-        """Who an ``Authorization`` header's bearer token names.
-
-        Raises:
-            TokenRefused: no bearer token, or one :func:`runtime.console_token.verify_token` refuses.
-        """
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise TokenRefused("the request carries no login token")
-        claims = verify_token(
-            token.strip(),
-            ca=self._ca,
-            audience=self._audience,
-            now_unix_s=self.clock(),
-            max_lifetime_s=self.max_lifetime_s,
-        )
-        return claims.identity
-
-
-@attrs.frozen(kw_only=True)
-class Part:
-    """A page part to answer: its HTTP status, template and values."""
-
-    status: int
-    template: str
-    values: dict[str, Any]
-
-
-class PageStatus(Exception):
-    """A part ends early with an answer of its own (404, 400)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-PageFn = Callable[[Request], Awaitable[Part]]
-
-
-def _scope(request: Request) -> str | None:
-    """The one account whose jobs the page's reader may see (None: all), set by
-    :meth:`ConsoleApp._part` from the reader's login token."""
-    return getattr(request.state, "scope", None)
-
-
-def _page_part(template: str, status: int = 200, **values: Any) -> Part:
-    return Part(status=status, template=f"parts/{template}.html", values=values)
 
 
 @attrs.define
@@ -142,6 +84,8 @@ class ConsoleApp:
     clock: Callable[[], float] = time.time
     consoles: list[tuple[str, str]] = attrs.field(factory=list)
     """(replica id, console origin) of the replicas seen lately, as last read."""
+    actions: ConsoleActions | None = None
+    """Carries out the pages' actions; None: the console only reads."""
     _env: jinja2.Environment = attrs.field(init=False)
     _static: dict[str, tuple[bytes, str]] = attrs.field(init=False)
     _refusals_logged_at: dict[str, float] = attrs.field(factory=dict)
@@ -155,7 +99,9 @@ class ConsoleApp:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self._env.filters.update(duration=views.duration, clock=views.clock, job_name=views.job_name)
+        self._env.filters.update(
+            duration=views.duration, clock=views.clock, job_name=views.job_name, size=views.size
+        )
         for name in self._env.list_templates():
             self._env.get_template(name)  # compiled now, not on a page's first request
         folder = importlib.resources.files("actors.console") / "static"
@@ -189,6 +135,18 @@ class ConsoleApp:
             "Vary": "Origin",
         }
 
+    def _preflight(self, request: Request, methods: str, headers: str) -> Response:
+        """The answer to a CORS preflight (``OPTIONS``): allowed for the cluster's consoles only."""
+        return Response(
+            status_code=204,
+            headers={
+                **self._cors_headers(request),
+                "Access-Control-Allow-Methods": methods,
+                "Access-Control-Allow-Headers": headers,
+                "Access-Control-Max-Age": "600",
+            },
+        )
+
     def render(self, template: str, **values: Any) -> str:
         """``template`` rendered with ``values`` (autoescaped)."""
         return self._env.get_template(template).render(**values)
@@ -212,41 +170,30 @@ class ConsoleApp:
         if now - self._refusals_logged_at.get(reason, -math.inf) >= REFUSAL_LOG_EVERY_S:
             self._refusals_logged_at[reason] = now
             self._log.warning("console refused a request", reason=reason)
-        return _page_part("unauthorized", 401, reason=reason)
+        return page_part("unauthorized", 401, reason=reason)
 
     async def _part(self, request: Request, page: PageFn) -> Response:
         cors = self._cors_headers(request)
         if request.method == "OPTIONS":
-            return Response(
-                status_code=204,
-                headers={
-                    **cors,
-                    "Access-Control-Allow-Methods": "GET",
-                    "Access-Control-Allow-Headers": "Authorization",
-                    "Access-Control-Max-Age": "600",
-                },
-            )
+            return self._preflight(request, "GET", "Authorization")
         identity: Identity | None = None
         try:
-            if self.tokens is not None:
-                identity = self.tokens.identity(request.headers.get("authorization"))
-            # A user, or a viewer scoped to an account, sees that account's jobs only.
-            request.state.scope = identity.scope if identity is not None else None
+            identity = self._identity(request)
             part = await page(request)
         except TokenRefused as exc:
             part = self._refused(str(exc))
         except PageStatus as exc:
-            part = _page_part("status", exc.status, message=exc.message)
+            part = page_part("status", exc.status, message=exc.message)
         except DatabaseDown as exc:
             down_for_s = self.clock() - exc.since_unix_s
-            part = _page_part(
+            part = page_part(
                 "down", 503, error=str(exc), since_unix_s=exc.since_unix_s, down_for_s=down_for_s
             )
         except Exception as exc:  # a bug: one log line, a 500 part, no traceback to the server's log
             self._log.error(
                 "console page failed", path=request.url.path, error=f"{type(exc).__name__}: {exc}"
             )
-            part = _page_part("status", 500, message=PAGE_FAILED)
+            part = page_part("status", 500, message=PAGE_FAILED)
         html = self.render(
             part.template,
             **part.values,
@@ -265,6 +212,64 @@ class ConsoleApp:
                 "X-Stockade-Consoles": json.dumps([{"id": i, "url": u} for i, u in self.consoles]),
             },
         )
+
+    def _identity(self, request: Request) -> Identity | None:
+        """Who the request's login token names (None: no login, a cluster run with
+        ``--insecure``); sets the request's account scope (a user, or a viewer scoped to an
+        account, sees that account's jobs only). Raises TokenRefused."""
+        identity = None if self.tokens is None else self.tokens.identity(request.headers.get("authorization"))
+        request.state.scope = identity.scope if identity is not None else None
+        return identity
+
+    def _cross_site(self, request: Request) -> str | None:
+        """Why a request that changes something is refused as cross-site (None: it is not): it
+        must come from a page of this cluster's consoles (``Origin``) and carry
+        :data:`ACTION_HEADER`, which no form of another site can set."""
+        origin = request.headers.get("origin")
+        if origin is None or origin not in self.allowed_origins():
+            return f"cross-site request refused: origin {origin or '(none)'} is not a console of this cluster"
+        if request.headers.get(ACTION_HEADER) != "1":
+            return f"cross-site request refused: no {ACTION_HEADER} header"
+        return None
+
+    async def action(self, request: Request) -> Response:
+        """``POST /action/{kind}/{target}/{action}``: one action of :data:`ACTIONS`, answered
+        with a part saying what it did or why it was refused (docs/console.md, "Actions")."""
+        cors = self._cors_headers(request)
+        if request.method == "OPTIONS":
+            return self._preflight(request, "POST", f"Authorization, Content-Type, {ACTION_HEADER}")
+        kind, target, name = (request.path_params[k] for k in ("kind", "target", "action"))
+        status, ok, message = 200, False, ""
+        refusal = self._cross_site(request)
+        if refusal is not None:
+            self._refused(refusal)
+            status, message = 403, refusal
+        # An action acts on what its RPC names: cancel_job on /action/jobs/..., *_worker on
+        # /action/workers/...; an unknown action matches no kind.
+        elif self.actions is None or kind != ACTIONS.get(name, "").partition("_")[2] + "s":
+            status, message = 404, f"no action {name!r} on {kind}"
+        else:
+            status, ok, message = await self._act(request, name, target)
+        html = self.render(
+            "parts/action_result.html", ok=ok, message=message, action=name, target=target, status=status
+        )
+        return HTMLResponse(html, status_code=status, headers={**self._security_headers(), **cors})
+
+    async def _act(self, request: Request, name: str, target: str) -> tuple[int, bool, str]:
+        """(HTTP status, done, what it did or why not) of action ``name`` on ``target``."""
+        assert self.actions is not None
+        try:
+            identity = self._identity(request)
+        except TokenRefused as exc:
+            return 401, False, f"not logged in: {exc}"
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        client = request.client
+        address = f"{client.host}:{client.port}" if client else "-"
+        caller = Caller(address=address, secure=self.tokens is not None, identity=identity)
+        return await self.actions.answer(caller, name, target, body)
 
     async def _not_found(self, request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 404
@@ -287,7 +292,7 @@ class ConsoleApp:
                 await conn.fetchrow(q.CONSOLE_LEASE),
                 await conn.fetch(q.CONSOLE_CONTROL_PLANES),
                 await conn.fetch(q.CONSOLE_ELECTIONS, ELECTIONS_SHOWN),
-                await conn.fetch(q.CONSOLE_JOB_COUNTS, _scope(request)),
+                await conn.fetch(q.CONSOLE_JOB_COUNTS, scope_of(request)),
             )
 
         lease, cps, elections, counts = await self.store.read(reads)
@@ -296,7 +301,7 @@ class ConsoleApp:
             {**dict(row), "role": "leader" if row["id"] == leader else "standby" if row["up"] else "down"}
             for row in cps
         ]
-        return _page_part(
+        return page_part(
             "cluster",
             lease=lease,
             leader=leader,
@@ -317,7 +322,7 @@ class ConsoleApp:
 
     async def workers(self, request: Request) -> Part:
         rows = await self.store.read(lambda conn: conn.fetch(q.CONSOLE_WORKERS))
-        return _page_part("workers", workers=[self._worker_view(r) for r in rows])
+        return page_part("workers", workers=[self._worker_view(r) for r in rows])
 
     async def worker(self, request: Request) -> Part:
         worker_id = request.path_params["worker_id"]
@@ -326,90 +331,126 @@ class ConsoleApp:
         except InvalidArgument:
             raise PageStatus(404, f"no worker {worker_id!r}: not a worker id") from None
 
-        async def reads(conn: Any) -> tuple[Any, Any, Any]:
+        async def reads(conn: Any) -> tuple[Any, Any]:
             row = await conn.fetchrow(q.CONSOLE_WORKER, worker_id)
-            if row is None:
-                return None, [], None
-            return (
-                row,
-                await conn.fetch(
-                    q.CONSOLE_WORKER_ASSIGNMENTS, worker_id, WORKER_ASSIGNMENTS_SHOWN, _scope(request)
-                ),
-                await conn.fetchrow(q.CONSOLE_WORKER_USAGE, worker_id, USAGE_SPAN_S, USAGE_SAMPLES_SHOWN),
+            runs = (
+                []
+                if row is None
+                else await conn.fetch(
+                    q.CONSOLE_WORKER_ASSIGNMENTS, worker_id, WORKER_ASSIGNMENTS_SHOWN, scope_of(request)
+                )
             )
+            return row, runs
 
-        row, runs, used = await self.store.read(reads)
+        row, runs = await self.store.read(reads)
         if row is None:
             raise PageStatus(404, f"no worker {worker_id!r} has registered with this cluster")
-        return _page_part(
-            "worker",
-            worker=self._worker_view(row),
-            runs=runs,
-            **usage_values(used, of="all its command jobs together", none=WORKER_NO_USAGE),
+        used = await self.store.read(
+            lambda conn: conn.fetchrow(q.CONSOLE_WORKER_USAGE, worker_id, USAGE_SPAN_S, USAGE_SAMPLES_SHOWN)
         )
+        usage = usage_values(used, of="all its command jobs together", none=WORKER_NO_USAGE)
+        return page_part("worker", worker=self._worker_view(row), runs=runs, **usage)
 
     async def jobs(self, request: Request) -> Part:
-        state = request.query_params.get("state", "")
-        name = request.query_params.get("name", "")[:MAX_FILTER_CHARS]
-        worker = request.query_params.get("worker", "")[:MAX_FILTER_CHARS]
-        filters = {"state": state, "name": name, "worker": worker}
+        params = request.query_params
+        state = params.get("state", "")
+        name = params.get("name", "")[:MAX_FILTER_CHARS]
+        worker = params.get("worker", "")[:MAX_FILTER_CHARS]
+        job_id = job_id_param(params.get("id", ""), "id")
+        before = job_id_param(params.get("before", ""), "before")
+        filters = {"state": state, "name": name, "worker": worker, "id": params.get("id", "")}
         for field, value in (("name", name), ("worker", worker)):
             if "\x00" in value:
                 raise PageStatus(400, f"the {field} filter may not hold a NUL character, got {value!r}")
         if state and state not in validation.JOB_STATES:
             raise PageStatus(400, f"no job state {state!r}: one of {', '.join(validation.JOB_STATES)}")
+        name_part, index = views.task_filter(name)
 
-        scope = _scope(request)
+        scope = scope_of(request)
 
         async def reads(conn: Any) -> tuple[Any, Any]:
-            return (
-                await conn.fetch(q.CONSOLE_JOBS, state, name, worker, q.MAX_JOBS_LISTED, scope),
-                await conn.fetch(q.CONSOLE_JOB_COUNTS, scope),
-            )
+            args = (state, name_part, worker, JOBS_PER_PAGE + 1, scope, job_id, index, before)
+            return await conn.fetch(q.CONSOLE_JOBS, *args), await conn.fetch(q.CONSOLE_JOB_COUNTS, scope)
 
         rows, counts = await self.store.read(reads)
-        return _page_part(
+        shown = rows[:JOBS_PER_PAGE]
+        kept = {k: v for k, v in filters.items() if v}
+        return page_part(
             "jobs",
-            jobs=rows,
+            jobs=shown,
             filters=filters,
             states=validation.JOB_STATES,
             job_counts=views.job_counts(counts),
-            limit=q.MAX_JOBS_LISTED,
+            per_page=JOBS_PER_PAGE,
+            newest_query=urllib.parse.urlencode(kept),
+            older_query=(
+                urllib.parse.urlencode({**kept, "before": shown[-1]["id"]})
+                if len(rows) > JOBS_PER_PAGE
+                else None
+            ),
+            paged=before is not None,
+            name_part=name_part,
+            task_index=index,
         )
 
-    async def job(self, request: Request) -> Part:
-        text = request.path_params["job_id"]
-        job_id = int(text) if text.isascii() and text.isdigit() and len(text) <= 19 else 0
-        if not 0 < job_id <= validation.MAX_ID:
-            raise PageStatus(404, f"no job {text!r}: not a job id")
+    async def _job_reads(self, request: Request, *, events: bool) -> tuple[int, Any, Any, Any, Any]:
+        """(job id, job row, its runs, its log source row, its events) of the page's job.
 
-        scope = _scope(request)
+        Raises:
+            PageStatus: 404 for no such job (or one another account owns).
+        """
+        text = request.path_params["job_id"]
+        try:
+            job_id = job_id_param(text, "job_id") or 0
+        except PageStatus:
+            raise PageStatus(404, f"no job {text!r}: not a job id") from None
+
+        scope = scope_of(request)
 
         async def reads(conn: Any) -> tuple[Any, Any, Any, Any]:
             row = await conn.fetchrow(q.CONSOLE_JOB, job_id, scope)
             if row is None:
-                return None, [], None, None
+                return None, [], None, []
             return (
                 row,
                 await conn.fetch(q.CONSOLE_JOB_ATTEMPTS, job_id),
                 await conn.fetchrow(q.CONSOLE_LOG_SOURCE, job_id, 0, scope),  # 0: its newest run that started
-                await conn.fetchrow(q.CONSOLE_JOB_USAGE, job_id, USAGE_SPAN_S, USAGE_SAMPLES_SHOWN),
+                await conn.fetch(q.CONSOLE_JOB_EVENTS, job_id, scope) if events else [],
             )
 
-        row, attempts, source_row, used = await self.store.read(reads)
+        row, attempts, source_row, history = await self.store.read(reads)
         if row is None:
             raise PageStatus(404, f"no job {job_id} in this cluster")
+        return job_id, row, attempts, source_row, history
+
+    async def job(self, request: Request) -> Part:
+        job_id, row, attempts, source_row, history = await self._job_reads(request, events=True)
         # The environment's values never reach a template: a console reader may be a viewer.
         spec = job_spec_of(row).env_values_hidden()
-        outputs, output_note = await self._output_tails(job_id, row["runtime"], source_row)
+        s = self.settings
+        try:
+            source = output.source_of(job_id, row["runtime"], source_row)
+            outputs, output_note = await output.output_tails(
+                self.logs,
+                source,
+                lines=s.output_tail_lines,
+                max_bytes=s.output_tail_max_bytes,
+                timeout_s=s.output_timeout_s,
+            )
+        except output.Unreadable as exc:
+            outputs, output_note = [], str(exc)
         job = {key: value for key, value in row.items() if key != "env"}
-        return _page_part(
+        used = await self.store.read(
+            lambda conn: conn.fetchrow(q.CONSOLE_JOB_USAGE, job_id, USAGE_SPAN_S, USAGE_SAMPLES_SHOWN)
+        )
+        return page_part(
             "job",
             job=job,
             spec=spec,
             attempts=attempts,
             outputs=outputs,
             output_note=output_note,
+            events=[views.event_of(r) for r in history],
             **usage_values(
                 used,
                 of="its runs",
@@ -419,59 +460,76 @@ class ConsoleApp:
             ),
         )
 
-    async def _output_tails(
-        self, job_id: int, runtime: str, source_row: Any
-    ) -> tuple[list[tuple[str, str]], str]:
-        """(stream, text) of the last lines of the job's stdout and stderr, and a note saying
-        why some or all could not be had (empty when both came). Both streams are read at
-        once, within ``output_timeout_s``: the page waits for the slower, not for the sum."""
-        if runtime == "sleep":
-            return [], "a sleep job writes no output"
+    async def job_output(self, request: Request) -> Part:
+        """One page of a job's stdout or stderr: at ``?offset=`` (bytes), else its live tail."""
+        job_id, row, _, source_row, _ = await self._job_reads(request, events=False)
+        stream = request.query_params.get("stream", "stdout")
+        if stream not in output.STREAMS:
+            raise PageStatus(400, f"no stream {stream!r}: one of {', '.join(output.STREAMS)}")
+        text = request.query_params.get("offset", "")
+        offset = views.whole_number(text)
+        if text and offset is None:
+            raise PageStatus(400, f"offset must be a whole number of bytes, got {text!r}")
+        page, note = None, ""
         try:
-            source = log_source(job_id, source_row)
-        except (NotFound, InvalidArgument, FailedPrecondition, Unavailable) as exc:
-            return [], str(exc)
-        streams = ("stdout", "stderr")
-        chunks: dict[str, list[bytes]] = {stream: [] for stream in streams}
-        failures: dict[str, str] = {}
-
-        async def read(stream: str) -> None:
-            async def send(chunk: Any) -> None:
-                chunks[stream].append(bytes(chunk.data))
-
-            request = pb.ReadJobLogsRequest(
-                job_id=job_id,
-                stream=stream,
-                has_tail=True,
-                tail_lines=self.settings.output_tail_lines,
-                tail_max_bytes=self.settings.output_tail_max_bytes,
+            source = output.source_of(job_id, row["runtime"], source_row)
+            page = await output.output_page(
+                self.logs,
+                source,
+                stream,
+                offset=offset,
+                page_bytes=OUTPUT_PAGE_BYTES,
+                timeout_s=self.settings.output_timeout_s,
             )
-            try:
-                await self.logs.relay(source, request, send)
-            except (Unavailable, FailedPrecondition, Busy) as exc:
-                failures[stream] = str(exc)
-                return
-            done.add(stream)
+        except output.Unreadable as exc:
+            note = str(exc)
+        return page_part(
+            "output",
+            job={key: value for key, value in row.items() if key != "env"},
+            stream=stream,
+            streams=output.STREAMS,
+            page=page,
+            note=note,
+            page_bytes=OUTPUT_PAGE_BYTES,
+        )
 
-        done: set[str] = set()
-        with trio.move_on_after(self.settings.output_timeout_s) as scope:
-            async with trio.open_nursery() as nursery:
-                for stream in streams:
-                    nursery.start_soon(read, stream)
-        outputs = [(s, views.printable(b"".join(chunks[s]))) for s in streams if s in done]
-        if scope.cancelled_caught:
-            return outputs, (
-                f"worker {source.worker_id} at {source.address} sent no output within "
-                f"{self.settings.output_timeout_s:g} s"
-            )
-        return outputs, next((failures[s] for s in streams if s in failures), "")
+    async def download(self, request: Request) -> Response:
+        """A job's whole stdout or stderr as a text file (``GET /download/jobs/{id}/{stream}``),
+        for the page's script, which sends the login token."""
+        cors = self._cors_headers(request)
+        if request.method == "OPTIONS":
+            return self._preflight(request, "GET", "Authorization")
+        try:
+            self._identity(request)
+            job_id, row, _, source_row, _ = await self._job_reads(request, events=False)
+            stream = request.path_params["stream"]
+            if stream not in output.STREAMS:
+                raise PageStatus(404, f"no stream {stream!r}: one of {', '.join(output.STREAMS)}")
+            source = output.source_of(job_id, row["runtime"], source_row)
+            data = await output.whole_output(self.logs, source, stream, timeout_s=DOWNLOAD_TIMEOUT_S)
+        except TokenRefused as exc:
+            return Response(f"not logged in: {exc}\n", 401, media_type="text/plain", headers=cors)
+        except PageStatus as exc:
+            return Response(exc.message + "\n", exc.status, media_type="text/plain", headers=cors)
+        except (output.Unreadable, DatabaseDown) as exc:
+            return Response(f"{exc}\n", 503, media_type="text/plain", headers=cors)
+        return Response(
+            data,
+            media_type="text/plain; charset=utf-8",
+            headers={
+                **cors,
+                "Content-Disposition": f'attachment; filename="job-{job_id}-{stream}.txt"',
+                "X-Content-Type-Options": "nosniff",
+                "Cache-Control": "no-store",
+            },
+        )
 
     async def packing(self, request: Request) -> Part:
         samples = self.ring.samples()
         now = self.clock()
         chart = views.packing_chart(samples, now_unix_s=now, span_s=self.settings.history_s)
         latest = samples[-1] if samples else None
-        return _page_part(
+        return page_part(
             "packing",
             chart=chart,
             latest=latest,
@@ -490,6 +548,7 @@ class ConsoleApp:
             ("/workers/{worker_id}", self.worker),
             ("/jobs", self.jobs),
             ("/jobs/{job_id}", self.job),
+            ("/jobs/{job_id}/output", self.job_output),
             ("/packing", self.packing),
         ]
 
@@ -516,6 +575,10 @@ def build_app(console: ConsoleApp) -> Starlette:
     for path, page in console.pages():
         routes += [Route(path, shell, methods=["GET"]), part_route(path, page)]
     routes.extend(static_route(name) for name in ("console.js", "console.css"))
+    routes += [
+        Route("/action/{kind}/{target}/{action}", console.action, methods=["POST", "OPTIONS"]),
+        Route("/download/jobs/{job_id}/{stream}", console.download, methods=["GET", "OPTIONS"]),
+    ]
     return Starlette(
         routes=routes,
         exception_handlers={404: console._not_found, 405: console._not_found, 500: console._server_error},

@@ -74,6 +74,86 @@ def job_name(row: Mapping[str, Any]) -> str:
     return task_name(str(row["name"]), row["array_index"])
 
 
+def whole_number(text: str) -> int | None:
+    """``text`` as a whole number of at most 19 ASCII digits (a job id, a byte offset), else None."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 19 else None
+
+
+_TASK = re.compile(r"^(.*)\[(\d{1,9})\]$")
+
+
+def task_filter(name: str) -> tuple[str, int | None]:
+    """A name filter as (a part of the name, an array task's index or None): ``sh[3]`` is task
+    3 of a job whose name holds ``sh``; anything else is a part of the name."""
+    match = _TASK.match(name)
+    if match is None:
+        return name, None
+    return match.group(1), int(match.group(2))
+
+
+def size(n_bytes: int) -> str:
+    """A byte count for people: ``512 B``, ``64.0 KiB``, ``3.2 MiB``."""
+    if n_bytes < 1024:
+        return f"{n_bytes} B"
+    if n_bytes < 1024 * 1024:
+        return f"{n_bytes / 1024:.1f} KiB"
+    return f"{n_bytes / (1024 * 1024):.1f} MiB"
+
+
+def event_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row of :data:`actors.queries.console.CONSOLE_JOB_EVENTS` as the timeline shows it: its
+    ``kind``, ``at_unix_s`` and ``worker_id``, and ``what`` (its other fields as text, those that
+    apply, e.g. ``assignment 4, epoch 2 (cp-1), succeeded (exit code 0)``)."""
+    parts = []
+    if row["assignment_id"] is not None:
+        parts.append(f"assignment {row['assignment_id']}")
+    if row["incarnation"] is not None:
+        parts.append(f"incarnation {row['incarnation']}")
+    if row["epoch"] is not None:
+        parts.append(f"epoch {row['epoch']}" + (f" ({row['leader']})" if row["leader"] else ""))
+    ended = " ".join(str(row[k]) for k in ("state", "reason") if row[k])
+    if row["outcome"] and row["outcome"] != row["reason"]:
+        ended += f", reported {row['outcome']}"
+    if row["exit_code"] is not None:
+        ended += f", exit code {row['exit_code']}"
+    if ended:
+        parts.append(ended.strip(", "))
+    if row["not_before_unix_s"] is not None:
+        parts.append(f"not before {clock(row['not_before_unix_s'])}")
+    if row["detail"] and row["detail"] != f"exit code {row['exit_code']}":
+        parts.append(str(row["detail"]))
+    return {
+        "kind": row["kind"],
+        "at_unix_s": row["at_unix_s"],
+        "worker_id": row["worker_id"],
+        "what": "; ".join(parts),
+    }
+
+
+def action_outcome(action: str, target: str, reply: Any) -> str:
+    """What an action did, from its RPC's reply (``CancelJobReply``, ``WorkerScheduleReply``),
+    e.g. ``job 7: cancelling`` or ``worker w-1: cordoned, draining; 2 active jobs``."""
+    if action.startswith("cancel"):
+        tasks = f" ({reply.tasks} task{'' if reply.tasks == 1 else 's'})" if reply.tasks else ""
+        return f"job {target}: {reply.state}{tasks}"
+    flags = [
+        name
+        for name, on in (
+            ("cordoned", reply.cordoned),
+            ("draining", reply.draining),
+            ("drained", reply.drained),
+            ("unhealthy", reply.unhealthy),
+        )
+        if on
+    ]
+    deadline = f", deadline {clock(reply.drain_deadline_unix_s)}" if reply.drain_deadline_unix_s else ""
+    jobs = len(reply.job_ids)
+    return (
+        f"worker {target}: {', '.join(flags) or 'takes placements'}{deadline}; "
+        f"{jobs} active job{'' if jobs == 1 else 's'}"
+    )
+
+
 def worker_state(row: Mapping[str, Any]) -> str:
     """One word for a worker row of :data:`actors.queries.console.CONSOLE_WORKERS`: its state
     but alive, else ``draining``, ``drained``, ``unhealthy``, ``cordoned``, ``held`` (a planned

@@ -1,4 +1,5 @@
 -- Version 14: a worker reports a run its fence killed on its own while its incarnation may live
 -- on (outcome state 'fenced', agent/messages.py JobState.FENCED). No table changes: schema.sql's
 -- routines, applied with this migration, replace record_outcomes, which ends such a run's
--- assignment as lost (end_reason 'self_fence') and places its job again.
+-- assignment as lost (end_reason 'self_fence') and places its job again, and live_workers, which
+-- gathers the device units in use of every worker in one pass.

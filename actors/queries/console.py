@@ -7,10 +7,7 @@ its index or a ``LIMIT``, so no page reads more than a few hundred rows.
 
 from __future__ import annotations
 
-from actors.queries.reads import GET_JOB, LOG_SOURCE, WORKER_DEVICES
-
-MAX_JOBS_LISTED = 200
-"""Most jobs the jobs page lists (newest first)."""
+from actors.queries.reads import GET_JOB, JOB_EVENTS, LOG_SOURCE, WORKER_DEVICES
 
 # The lease, whether it is live by database time, and how long its holder has led (since the
 # takeover that began its epoch, from lease_history).
@@ -89,7 +86,9 @@ SELECT a.id, a.job_id, j.name, j.array_index, a.state, a.epoch, a.worker_incarna
 
 # $1 state ('' any), $2 a part of the name ('' any; matched as text, not as a pattern),
 # $3 a worker id ('' any: else jobs with a run on that worker), $4 how many, $5 the only owner
-# whose jobs it lists (NULL: any). Newest first, with the worker of each job's latest run.
+# whose jobs it lists (NULL: any), $6 a job id (NULL: any; an array's id also matches its tasks),
+# $7 an array task's index (NULL: any), $8 only jobs older than this id (NULL: from the newest).
+# Newest first, with the worker of each job's latest run.
 CONSOLE_JOBS = """
 SELECT j.id, j.name, j.array_index, j.state, j.reason, j.runtime, j.cpu_millis, j.memory_mb, j.priority,
        j.attempts, j.exit_code, j.owner, extract(epoch FROM j.submitted_at)::float8 AS submitted_unix_s,
@@ -102,6 +101,9 @@ SELECT j.id, j.name, j.array_index, j.state, j.reason, j.runtime, j.cpu_millis, 
    AND ($2 = '' OR strpos(lower(j.name), lower($2)) > 0)
    AND ($3 = '' OR EXISTS (SELECT FROM assignments b WHERE b.job_id = j.id AND b.worker_id = $3))
    AND ($5::text IS NULL OR j.owner = $5::text)
+   AND ($6::bigint IS NULL OR j.id = $6::bigint OR j.array_id = $6::bigint)
+   AND ($7::int IS NULL OR j.array_index = $7::int)
+   AND ($8::bigint IS NULL OR j.id < $8::bigint)
  ORDER BY j.id DESC LIMIT $4
 """
 
@@ -127,6 +129,10 @@ SELECT id, worker_id, worker_incarnation, epoch, state, coalesce(end_reason, '')
 # $1 job id, $2 0 (any run), $3 the only owner (NULL: any). Where the job's output is read
 # (actors/logs.py: the same row ReadJobLogs reads).
 CONSOLE_LOG_SOURCE = LOG_SOURCE
+
+# $1 job id, $2 the only owner (NULL: any). The job's history, oldest first (as GetJobEvents and
+# `stockade job ID --events` read it); no row: no such job, or another owner's.
+CONSOLE_JOB_EVENTS = JOB_EVENTS
 
 # The cluster's packing now: the capacity of the alive workers and what active assignments hold
 # on them, and how many jobs run (one sample of the packing chart).

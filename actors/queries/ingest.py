@@ -733,6 +733,14 @@ RETURNING id
     steps="""capped AS (SELECT check_submission($7::text, 0, $8::bigint) AS ok FROM fresh),""",
 )
 
+# The schedule a pause or resume changes (see PAUSE_SCHEDULE's parameters), locked, and whether
+# it was paused before.
+_SCHEDULE_TARGET = """target AS (
+    SELECT id, paused AS was_paused FROM schedules
+     WHERE name = $1::text AND ($2::text IS NULL OR owner = $2::text) AND EXISTS (SELECT FROM fresh)
+       FOR NO KEY UPDATE
+),"""
+
 # $1 name, $2 the only owner whose schedule it may change (NULL: any; another's is as none);
 # then the audit's, the idempotency key and the request's sha256 (see once). Answer: one row,
 # id (none: no such schedule). Audited only when it was not paused already.
@@ -744,11 +752,7 @@ UPDATE schedules s SET paused = true FROM target t WHERE s.id = t.id RETURNING s
     params=2,
     action="schedule_pause",
     changed="EXISTS (SELECT FROM target WHERE NOT was_paused)",
-    steps="""target AS (
-    SELECT id, paused AS was_paused FROM schedules
-     WHERE name = $1::text AND ($2::text IS NULL OR owner = $2::text) AND EXISTS (SELECT FROM fresh)
-       FOR NO KEY UPDATE
-),""",
+    steps=_SCHEDULE_TARGET,
 )
 
 # As PAUSE_SCHEDULE, resuming: a paused schedule's cursor moves to now(), so the slots of its
@@ -764,11 +768,7 @@ UPDATE schedules s
     params=2,
     action="schedule_resume",
     changed="EXISTS (SELECT FROM target WHERE was_paused)",
-    steps="""target AS (
-    SELECT id, paused AS was_paused FROM schedules
-     WHERE name = $1::text AND ($2::text IS NULL OR owner = $2::text) AND EXISTS (SELECT FROM fresh)
-       FOR NO KEY UPDATE
-),""",
+    steps=_SCHEDULE_TARGET,
 )
 
 # As PAUSE_SCHEDULE, removing the schedule and its slots' records (the jobs it fired stay).

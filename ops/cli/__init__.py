@@ -5,23 +5,16 @@ fast and how it fails: docs/design.md, "The stockade command: start-up and failu
 from __future__ import annotations
 
 import gc
-
-_GC_WAS_ENABLED = gc.isenabled()
-gc.disable()  # while this package's own imports run (Typer's among them); see main()
-
-import importlib  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
-from typing import TYPE_CHECKING  # noqa: E402
-
-from ops.cli.common import EXIT_INTERRUPTED, EXIT_INVALID, EXIT_TOO_LATE, EXIT_UNAVAILABLE  # noqa: E402
-
-if _GC_WAS_ENABLED:
-    gc.enable()
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import typer
+
+    from ops.cli.common import EXIT_INTERRUPTED, EXIT_INVALID, EXIT_TOO_LATE, EXIT_UNAVAILABLE
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_INVALID", "EXIT_TOO_LATE", "EXIT_UNAVAILABLE", "app", "main"]
 
@@ -52,11 +45,17 @@ CLIENT_GROUPS = ("jobs", "logs", "workers", "audit", "accounts")
 def load_commands(args: Sequence[str] | None = None) -> typer.Typer:
     """The ``stockade`` app with the command group that ``args`` (the command line after the
     program) names registered; every group when ``args`` is None or names no known command first."""
-    from ops.cli.base import app
+    was_enabled = gc.isenabled()
+    gc.disable()  # while the modules load (Typer's among them): no garbage to collect yet
+    try:
+        from ops.cli.base import app
 
-    groups = [group for group, names in COMMANDS.items() if args and args[0] in names]
-    for group in groups or COMMANDS:
-        importlib.import_module(f"ops.cli.{group}")
+        groups = [group for group, names in COMMANDS.items() if args and args[0] in names]
+        for group in groups or COMMANDS:
+            importlib.import_module(f"ops.cli.{group}")
+    finally:
+        if was_enabled:
+            gc.enable()
     return app
 
 
@@ -69,6 +68,8 @@ def main() -> None:
     the modules load ends with one line and exit status 130.
     """
     args = sys.argv[1:]
+    if args[:1] in (["--help"], ["--version"], ["status"], ["submit"]):
+        _run_fast(args)
     client = bool(args) and any(args[0] in COMMANDS[group] for group in CLIENT_GROUPS)
     try:
         app = load_commands(args)
@@ -89,6 +90,29 @@ def main() -> None:
     os._exit(status)
 
 
+def _run_fast(args: list[str]) -> None:
+    """Run a hot command through :mod:`ops.cli.fast`, without Typer or trio, ending the process
+    as a client command does; return when that layer leaves it to the Typer app (``sys.argv``
+    then carries what the layer added, the idempotency key of a submit it sent)."""
+    gc.disable()
+    from ops.cli import fast
+
+    try:
+        status = fast.run(args)
+        if status is not None:
+            sys.stdout.flush()
+    except KeyboardInterrupt:  # as the Typer app ends on Ctrl-C: status 130, nothing said
+        status = _EXIT_INTERRUPTED
+    except BrokenPipeError:  # as the Typer app ends when its reader is gone: status 1, quietly
+        os._exit(1)
+    if status is None:
+        sys.argv[1:] = args
+        gc.enable()
+        return
+    sys.stderr.flush()
+    os._exit(status)
+
+
 _EXIT_INTERRUPTED = 130
 """As ops.cli.common.EXIT_INTERRUPTED (not imported: --help must stay light)."""
 
@@ -103,8 +127,14 @@ def _exit_status(exc: SystemExit) -> int:
     return 1
 
 
-def __getattr__(name: str) -> typer.Typer:
-    """``ops.cli.app``: the app with every command registered (for tests and other callers)."""
+def __getattr__(name: str) -> typer.Typer | int:
+    """``ops.cli.app``: the app with every command registered (for tests and other callers);
+    the exit statuses of :mod:`ops.cli.common` (not imported before: ``--help`` stays light)."""
     if name == "app":
         return load_commands()
+    if name in __all__:
+        from ops.cli import common
+
+        value: int = getattr(common, name)
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

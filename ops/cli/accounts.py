@@ -12,7 +12,8 @@ from typing import Annotated
 import typer
 
 from ops.cli.base import command_group
-from ops.cli.common import ControlPlanesOption, JsonOption, control_plane_addresses, errors, with_client
+from ops.cli.common import control_plane_addresses, errors, with_client
+from ops.cli.options import ControlPlanesOption, JsonOption
 
 account_app = command_group(
     "account",

@@ -11,7 +11,8 @@ from typing import Annotated
 import typer
 
 from ops.cli.base import app
-from ops.cli.common import ControlPlanesOption, JsonOption, control_plane_addresses, errors, with_client
+from ops.cli.common import control_plane_addresses, errors, with_client
+from ops.cli.options import ControlPlanesOption, JsonOption
 from runtime import validation
 
 

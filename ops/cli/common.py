@@ -1,6 +1,7 @@
 """What every command group shares: exit statuses, the consoles, the one-line error handling,
 Ctrl-C handling, and where the local cluster and the control planes are. Its imports stay light:
-every ``stockade`` call, ``--help`` included, imports this module.
+every ``stockade`` call, ``--help`` included, imports this module, and it does not import Typer
+(the shared options are in :mod:`ops.cli.options`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn, TypeVar
-
-import typer
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from ops.config import (
     CONTROL_PLANES_ENV,
@@ -85,22 +84,10 @@ def err_console() -> Console:
     return _console(stderr=True)
 
 
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON with stable keys instead.")]
-
-ControlPlanesOption = Annotated[
-    str | None,
-    typer.Option(
-        "--control-planes",
-        help=f"Control-plane addresses, host:port,... (default: ${CONTROL_PLANES_ENV}, else "
-        "the local cluster's cluster.json in ./.stockade or $STOCKADE_STATE_DIR, else the user "
-        "config ~/.config/stockade/config.toml or $STOCKADE_CONFIG).",
-        show_default=False,
-    ),
-]
-
-
 def fail(message: str, code: int = EXIT_UNAVAILABLE) -> NoReturn:
     """Print ``error: message`` as one line on stderr and exit with ``code``."""
+    import typer  # not before: the hot commands' fast path (ops.cli.fast) never fails here
+
     err_console().print(f"error: {message}", markup=False, soft_wrap=True)
     raise typer.Exit(code)
 
@@ -227,6 +214,8 @@ def interruptible(message: Callable[[], str] | None = None) -> Iterator[None]:
     except BaseException as exc:
         if not interrupted(exc):
             raise
+        import typer
+
         said = _said_safely(message)
         err_console().print(f"interrupted: {said}", markup=False, soft_wrap=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -371,17 +360,6 @@ def ha_db_line(hadb_dir: Path) -> str:
     return "database  HA PostgreSQL: " + ", ".join(
         f"{m.name} {names.get(m.role, m.role)} {m.state} on 127.0.0.1:{m.port}" for m in members
     )
-
-
-IdempotencyKeyOption = Annotated[
-    str | None,
-    typer.Option(
-        help="The call's idempotency key (1-128 bytes; default: a fresh random UUID). The "
-        "same command run again with the same key is answered with the first run's answer and "
-        "changes nothing, for 24 h; the same key with another request is refused.",
-        show_default=False,
-    ),
-]
 
 
 def idempotency_key_of(option: str | None) -> str:

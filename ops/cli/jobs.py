@@ -10,7 +10,7 @@ import json
 import random
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -19,9 +19,6 @@ from ops.cli.base import app
 from ops.cli.common import (
     EXIT_INVALID,
     EXIT_TOO_LATE,
-    ControlPlanesOption,
-    IdempotencyKeyOption,
-    JsonOption,
     answer_unknown,
     batch_keys,
     console,
@@ -35,6 +32,8 @@ from ops.cli.common import (
     sole_error,
     with_client,
 )
+from ops.cli.fast import MAX_SLEEP_S, spec_of_submit_options
+from ops.cli.options import ControlPlanesOption, IdempotencyKeyOption, JsonOption
 from runtime import validation
 from runtime.errors import InvalidArgument
 from runtime.validation import JOB_STATES, MAX_LIST_LIMIT
@@ -51,10 +50,6 @@ JOB_SLEEP_S = (2.0, 10.0)
 """The sizes and durations ``stockade jobs`` draws from."""
 MAX_JOBS_COUNT = 100_000
 """Most jobs one ``stockade jobs`` submits (in batches of 10,000)."""
-
-MAX_SLEEP_S = 7 * 24 * 3600
-""":data:`runtime.jobs.MAX_SLEEP_MS` in seconds, written out so that ``--help`` need not import
-the job spec (a unit test keeps them equal)."""
 
 
 def _submit(addresses: list[str], specs: list[JobSpec], *, key: str) -> list[int]:
@@ -106,50 +101,6 @@ def jobs(
     from ops.cli.render import print_submitted
 
     print_submitted(ids, specs)
-
-
-def spec_of_submit_options(options: Mapping[str, Any]) -> JobSpec:
-    """The job of :func:`submit`'s options, by parameter name (also ``stockade schedule add``'s,
-    which takes them): a command, a container or a sleep, checked by the control plane's rules
-    here first (out-of-range numbers do not fit the wire). Exits with EXIT_INVALID unless
-    exactly one of ``sleep_s``, ``image`` and ``command`` is given (``image`` may have a command).
-
-    Raises:
-        InvalidArgument: an option breaks a job's rule.
-    """
-    image, sleep_s, command = options["image"], options["sleep_s"], options["command"]
-    if image is not None and sleep_s is not None:
-        fail("give --image IMAGE [-- CMD ARGS...] or --sleep-s SECONDS, not both", EXIT_INVALID)
-    if image is None and (sleep_s is None) == (not command):
-        fail("give exactly one of --sleep-s SECONDS, --image IMAGE or -- CMD ARGS...", EXIT_INVALID)
-    from ops.jobfields import spec_of_options
-
-    return spec_of_options(
-        {
-            "name": options["name"],
-            "cpu_millis": options["cpu_millis"],
-            "memory_mb": options["memory_mb"],
-            "priority": options["priority"],
-            "sleep_s": sleep_s,
-            "command": tuple(command) if command else None,
-            "image": image,
-            "max_attempts": options["max_attempts"],
-            "retry_backoff_s": options["retry_backoff_s"],
-            "count_lost": options["count_lost"],
-            "timeout_s": options["timeout_s"],
-            "constraints": options["constraint"] or [],
-            "resources": options.get("resource") or [],
-            "env": options["env"] or [],
-            "workdir": options["workdir"],
-            "after": options.get("after") or [],
-            "array": options.get("array"),
-            "max_failed_tasks": options.get("max_failed_tasks"),
-            "retry_on_exit": options.get("retry_on_exit") or [],
-            "no_retry_on": options.get("no_retry_on") or [],
-            "tasks": options.get("tasks"),
-            "spread": options.get("spread") or False,
-        }
-    )
 
 
 @app.command("submit", context_settings={"allow_interspersed_args": False})

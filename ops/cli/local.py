@@ -19,7 +19,6 @@ from ops.cli import local_report, params
 from ops.cli.base import app
 from ops.cli.common import (
     EXIT_INVALID,
-    ControlPlanesOption,
     client_tls,
     console,
     control_plane_addresses,
@@ -32,6 +31,7 @@ from ops.cli.common import (
     shown_path,
     warn_insecure,
 )
+from ops.cli.options import ControlPlanesOption
 from ops.config import (
     STATE_DIR_ENV,
     ClusterError,

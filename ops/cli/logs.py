@@ -14,15 +14,8 @@ import attrs
 import typer
 
 from ops.cli.base import app
-from ops.cli.common import (
-    ControlPlanesOption,
-    control_plane_addresses,
-    err_console,
-    errors,
-    fail,
-    interruptible,
-    with_client,
-)
+from ops.cli.common import control_plane_addresses, err_console, errors, fail, interruptible, with_client
+from ops.cli.options import ControlPlanesOption
 from runtime.validation import MAX_TAIL_LINES
 
 if TYPE_CHECKING:

@@ -16,9 +16,6 @@ import typer
 from ops.cli import jobs as job_commands
 from ops.cli.base import command_group
 from ops.cli.common import (
-    ControlPlanesOption,
-    IdempotencyKeyOption,
-    JsonOption,
     answer_unknown,
     console,
     control_plane_addresses,
@@ -26,6 +23,8 @@ from ops.cli.common import (
     idempotency_key_of,
     with_client,
 )
+from ops.cli.fast import spec_of_submit_options
+from ops.cli.options import ControlPlanesOption, IdempotencyKeyOption, JsonOption
 
 if TYPE_CHECKING:
     from ops.client import Schedule
@@ -109,7 +108,7 @@ def add(**options: Any) -> None:
     """Add a periodic job (NAME --cron EXPR [--tz ZONE] [job options] -- CMD ARGS...): the
     leader fires one job per slot, each slot once, owned by this caller's account; print it."""
     with errors():
-        spec = job_commands.spec_of_submit_options(options)
+        spec = spec_of_submit_options(options)
         key = idempotency_key_of(options["idempotency_key"])
         with answer_unknown(key, "stored the schedule"):
             schedule = with_client(

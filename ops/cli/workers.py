@@ -15,8 +15,6 @@ import typer
 from ops.cli.base import app
 from ops.cli.common import (
     EXIT_INTERRUPTED,
-    ControlPlanesOption,
-    IdempotencyKeyOption,
     answer_unknown,
     console,
     control_plane_addresses,
@@ -26,6 +24,7 @@ from ops.cli.common import (
     interrupted,
     with_client,
 )
+from ops.cli.options import ControlPlanesOption, IdempotencyKeyOption
 from runtime import validation
 
 if TYPE_CHECKING:

@@ -14,11 +14,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
-from runtime.accounts import CLEARABLE
-from runtime.jobs import JobSpec
-
 if TYPE_CHECKING:
     from protocol import pb
+    from runtime.jobs import JobSpec
 
 ENDED_STATES = ("succeeded", "failed", "cancelled")
 """The states a job ends in (it never leaves them)."""
@@ -520,6 +518,8 @@ def audit_from_pb(message: pb.AuditEntry) -> AuditEntry:
 
 def account_from_pb(message: pb.AccountInfo) -> Account:
     """An ``AccountInfo`` message as an :class:`Account` (a cap not set is None, 0 is a cap)."""
+    from runtime.accounts import CLEARABLE  # not before: it loads the job spec, which status needs not
+
     caps = {cap: int(getattr(message, cap)) if getattr(message, f"has_{cap}") else None for cap in CLEARABLE}
     return _from_pb(Account, message, **caps)
 

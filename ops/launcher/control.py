@@ -41,10 +41,10 @@ from ops.launcher.state import (
     StateDir,
     WorkerSpec,
     open_log,
-    str_tuple,
 )
 from ops.launcher.up import Launcher
 from runtime.errors import StockadeError
+from runtime.settings.fields import str_tuple
 
 __all__ = ["LocalCluster"]
 

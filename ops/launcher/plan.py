@@ -17,9 +17,9 @@ from ops.launcher.state import (
     StateDir,
     WorkerSpec,
     option_value,
-    str_tuple,
     worker_order,
 )
+from runtime.settings.fields import str_tuple
 
 __all__ = ["DEFAULT_CONTROL_PLANES", "DEFAULT_WORKERS", "LaunchOptions", "Plan", "check_counts", "plan"]
 

@@ -21,6 +21,7 @@ import attrs
 
 from ops.config import STATE_DIR_ENV, ClusterError, read_cluster_file
 from ops.paths import PathBelow
+from runtime.settings.fields import str_tuple
 from runtime.tls import TlsFiles
 
 __all__ = [
@@ -95,10 +96,6 @@ def open_log(path: Path) -> IO[bytes]:
         os.close(fd)
         raise
     return os.fdopen(fd, "ab")
-
-
-def str_tuple(items: Iterable[str]) -> tuple[str, ...]:
-    return tuple(items)
 
 
 def _specs(items: Iterable[ProcessSpec]) -> tuple[ProcessSpec, ...]:

@@ -19,6 +19,8 @@ DEFAULT_READ_STATEMENT_TIMEOUT_S = 5.0
 
 
 def str_tuple(values: Iterable[str]) -> tuple[str, ...]:
+    """The converter of an attrs field of text items, given any iterable of text. One per item
+    type: mypy's attrs plugin cannot type a generic converter."""
     return tuple(values)
 
 

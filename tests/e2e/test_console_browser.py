@@ -4,23 +4,29 @@ Selenium) against a real cluster started by the launcher of `stockade up`, with 
 The browser logs in as the cluster's viewer with a token made as `stockade console` makes it.
 It does not trust the cluster CA (`--ignore-certificate-errors`), as a browser that was told
 to accept the consoles' certificates. A screenshot of every page is saved under the test's
-temporary folder (its path is printed) and copied to ``/tmp/console-screenshots/``.
+temporary folder (its path is printed) and copied to ``/tmp/console-screenshots/``; with
+``STOCKADE_CONSOLE_DOCS_SCREENSHOTS=<folder>`` (e.g. ``docs/console``) the ones the docs show are
+also saved there, as ``<name>.png``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import ssl
+import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 import pytest
+from test_drain_on_a_cluster import gates_folder
 
 from ops import rpc
 from ops.cluster import LocalCluster
@@ -33,6 +39,10 @@ pytestmark = pytest.mark.e2e
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 SHARED_SCREENSHOTS = Path("/tmp/console-screenshots")
+DOCS_SCREENSHOTS = "STOCKADE_CONSOLE_DOCS_SCREENSHOTS"
+"""Environment variable naming a folder for the screenshots docs/console.md shows."""
+PNGQUANT = shutil.which("pngquant")
+"""Shrinks the docs' screenshots to a few colours where it is installed (apt-get install pngquant)."""
 TAKEOVER_SHOWN_WITHIN_S = 2.0
 """The new leader and epoch must be on the open page this soon after the takeover (its
 ``acquired_at`` in lease_history, by the database's clock, on this same machine)."""
@@ -66,7 +76,7 @@ def browser() -> Iterator[Any]:
         "--disable-gpu",
         "--disable-dev-shm-usage",
         "--ignore-certificate-errors",
-        "--window-size=1400,1000",
+        "--window-size=1100,720",
     ):
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
@@ -76,18 +86,43 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
+class Shot(Protocol):
+    def __call__(self, driver: Any, name: str, *, docs_too: bool = False) -> Path: ...
+
+
 @pytest.fixture
-def screenshots(tmp_path: Path) -> Callable[[Any, str], Path]:
-    """``shot(driver, name)`` saves a PNG under the test's folder and in SHARED_SCREENSHOTS."""
+def screenshots(tmp_path: Path) -> Shot:
+    """``shot(driver, name)`` saves a PNG under the test's folder and in SHARED_SCREENSHOTS
+    (``docs=True``: also in the folder DOCS_SCREENSHOTS names, when it is set)."""
     folder = tmp_path / "screenshots"
     folder.mkdir()
     SHARED_SCREENSHOTS.mkdir(exist_ok=True)
     print(f"console screenshots: {folder} (copied to {SHARED_SCREENSHOTS})")
+    docs = os.environ.get(DOCS_SCREENSHOTS)
 
-    def shot(driver: Any, name: str) -> Path:
+    def shot(driver: Any, name: str, *, docs_too: bool = False) -> Path:
         path = folder / f"{name}.png"
         driver.save_screenshot(str(path))
         shutil.copy(path, SHARED_SCREENSHOTS / path.name)
+        if docs and docs_too:
+            Path(docs).mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, Path(docs) / path.name)
+            if PNGQUANT:
+                subprocess.run(
+                    [
+                        PNGQUANT,
+                        "--force",
+                        "--ext",
+                        ".png",
+                        "--strip",
+                        "--speed",
+                        "1",
+                        "32",
+                        str(Path(docs) / path.name),
+                    ],
+                    check=True,
+                    timeout=60,
+                )
         return path
 
     return shot
@@ -157,10 +192,12 @@ def login_url(console: str, token: str, path: str = "/") -> str:
     return f"{console}{path}#token={token}"
 
 
-def viewer_token(cluster: LocalCluster) -> str:
+def viewer_token(cluster: LocalCluster, identity: str = "viewer") -> str:
+    """A login token for ``identity`` (a certificate of the cluster's folder), as `stockade
+    console` makes it."""
     cert_dir = cluster.config().cert_dir
     assert cert_dir is not None, "the cluster runs with TLS"
-    return make_token(TlsFiles.in_dir(Path(cert_dir), "viewer"), now_unix_s=time.time(), lifetime_s=3600)
+    return make_token(TlsFiles.in_dir(Path(cert_dir), identity), now_unix_s=time.time(), lifetime_s=3600)
 
 
 def acquired_unix_s(database_url: str, epoch: int) -> float:
@@ -179,7 +216,7 @@ def acquired_unix_s(database_url: str, epoch: int) -> float:
 
 
 def test_every_page_shows_the_cluster_and_a_job_reaching_succeeded(
-    cluster: LocalCluster, browser: Any, screenshots: Callable[[Any, str], Path]
+    cluster: LocalCluster, browser: Any, screenshots: Shot
 ) -> None:
     """Logged in with a viewer's token, the cluster page shows the leader, a submitted job appears
     on the jobs page and reaches succeeded without a reload, its page shows its run and output,
@@ -194,7 +231,7 @@ def test_every_page_shows_the_cluster_and_a_job_reaching_succeeded(
     wait_until(lambda: text_of(browser, "leader") == ready.status.leader, timeout_s=10, what="the leader")
     assert text_of(browser, "epoch") == str(ready.status.epoch)
     assert "#token" not in browser.current_url  # moved to sessionStorage at once
-    screenshots(browser, "cluster")
+    screenshots(browser, "cluster", docs_too=True)
 
     browser.get(f"{home}/jobs")
     wait_until(lambda: text_of(browser, "jobs") is not None, timeout_s=10, what="the jobs page")
@@ -241,7 +278,7 @@ def test_every_page_shows_the_cluster_and_a_job_reaching_succeeded(
     ):
         browser.get(home + path)
         wait_until(lambda element=element: text_of(browser, element) is not None, timeout_s=10, what=path)
-        screenshots(browser, name)
+        screenshots(browser, name, docs_too=name != "worker")
 
     browser.get(f"{home}/jobs/999999")
     wait_until(lambda: text_of(browser, "status") == "Not found", timeout_s=10, what="the 404 part")
@@ -261,7 +298,7 @@ def test_every_page_shows_the_cluster_and_a_job_reaching_succeeded(
 
 
 def test_an_open_page_follows_a_leader_kill_and_moves_when_its_own_replica_dies(
-    cluster: LocalCluster, browser: Any, screenshots: Callable[[Any, str], Path], database_url: str
+    cluster: LocalCluster, browser: Any, screenshots: Shot, database_url: str
 ) -> None:
     """A page open on a standby's console shows the new leader and epoch within 2 s of the
     takeover after the leader is SIGKILLed; when the standby it reads is SIGKILLed in turn, the
@@ -328,7 +365,7 @@ def output_scroll(driver: Any) -> dict[str, float] | None:
 
 
 def test_a_running_jobs_page_is_painted_with_its_content_and_its_output_at_the_newest_line(
-    cluster: LocalCluster, browser: Any, screenshots: Callable[[Any, str], Path]
+    cluster: LocalCluster, browser: Any, screenshots: Shot
 ) -> None:
     """A running job's page, the moment it has loaded, already shows the job (no placeholder) and
     its output box at its newest line; the box follows new lines while it is at its end and stays
@@ -343,14 +380,7 @@ def test_a_running_jobs_page_is_painted_with_its_content_and_its_output_at_the_n
         name="follow", cpu_millis=100, memory_mb=64, command=pb.CommandRuntime(argv=["sh", "-c", writes])
     )
     job_id = int(rpc.call(addresses, "submit_job", pb.SubmitJobRequest(spec=spec), tls=tls).job_id)
-    array = pb.JobSpec(
-        name="sh",
-        cpu_millis=100,
-        memory_mb=64,
-        command=pb.CommandRuntime(argv=["true"]),
-        array=pb.JobArray(first_index=0, last_index=2),
-    )
-    array_id = int(rpc.call(addresses, "submit_job", pb.SubmitJobRequest(spec=array), tls=tls).job_id)
+    array_id = submit(ready, SH_ARRAY)
 
     browser.get(login_url(home, viewer_token(cluster), f"/jobs/{job_id}"))
     # Read at once, with no waiting: what the page showed when it had loaded.
@@ -391,3 +421,288 @@ def test_a_running_jobs_page_is_painted_with_its_content_and_its_output_at_the_n
     browser.get(f"{home}/jobs/{array_id}")
     assert text_of(browser, "job-name") == "sh[0]"
     screenshots(browser, "array-task")
+
+
+def click(driver: Any, element_id: str) -> None:
+    """Click the element with ``element_id`` as it is now (found afresh: parts are replaced)."""
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.ID, element_id).click()
+
+
+def shown(driver: Any, element_id: str) -> bool:
+    return bool(
+        driver.execute_script(
+            "const e = document.getElementById(arguments[0]); return !!e && !e.hidden;", element_id
+        )
+    )
+
+
+def do_action(driver: Any, button_id: str, *, deadline_s: str | None = None) -> tuple[str, str]:
+    """Click an action's button, check its question is asked, confirm, and return (question,
+    the result's text) once the result is shown."""
+    wait_until(lambda: text_of(driver, button_id) is not None, timeout_s=10, what=f"the {button_id} button")
+    driver.execute_script(
+        "const r = document.getElementById('action-result'); r.hidden = true; r.innerHTML = '';"
+    )
+    click(driver, button_id)
+    wait_until(lambda: shown(driver, "confirm"), timeout_s=5, what="the confirmation")
+    question = text_of(driver, "confirm-question") or ""
+    if deadline_s is not None:
+        assert shown(driver, "confirm-deadline")
+        driver.execute_script(
+            "document.getElementById('confirm-deadline-s').value = arguments[0]", deadline_s
+        )
+    confirmed = time.monotonic()
+    click(driver, "confirm-yes")
+    wait_until(
+        lambda: text_of(driver, "action-message") is not None, timeout_s=20, what="the action's result"
+    )
+    print(f"{button_id}: its result shown {time.monotonic() - confirmed:.3f} s after confirm was clicked")
+    assert not shown(driver, "confirm")
+    return question, text_of(driver, "action-message") or ""
+
+
+def submit(ready: Any, spec: pb.JobSpec) -> int:
+    """Submit ``spec`` to the cluster as its operator; returns the job's id."""
+    reply = rpc.call(
+        ready.config.control_plane_addresses,
+        "submit_job",
+        pb.SubmitJobRequest(spec=spec),
+        tls=ready.config.client_tls,
+    )
+    return int(reply.job_id)
+
+
+def command(name: str, script: str) -> pb.JobSpec:
+    return pb.JobSpec(
+        name=name, cpu_millis=100, memory_mb=64, command=pb.CommandRuntime(argv=["sh", "-c", script])
+    )
+
+
+SH_ARRAY = pb.JobSpec(
+    name="sh",
+    cpu_millis=100,
+    memory_mb=64,
+    command=pb.CommandRuntime(argv=["true"]),
+    array=pb.JobArray(first_index=0, last_index=2),
+)
+"""An array of three tasks, sh[0] to sh[2]."""
+
+
+def test_actions_ask_first_show_their_result_refuse_a_viewer_and_are_audited(
+    cluster: LocalCluster, browser: Any, screenshots: Shot, tmp_path: Path
+) -> None:
+    """In the browser a viewer's cancel is asked, confirmed and refused on the page, and the job
+    runs on; an operator who answers "back" changes nothing, and who confirms cancels it (the page
+    shows the result, then the job cancelled); the operator cordons, drains with a deadline and
+    uncordons a worker, each shown on the worker's page; the audit trail (`stockade audit`'s
+    call) lists those four actions as the operator's and none as the viewer's."""
+    ready = cluster.up(control_planes=1, workers=2)
+    home = ready.config.console_urls()["cp-1"]
+    gate = gates_folder(tmp_path) / "never"
+    job_id = submit(ready, command("to cancel", f"while [ ! -e {gate} ]; do sleep 0.05; done"))
+
+    browser.get(login_url(home, viewer_token(cluster), f"/jobs/{job_id}"))
+    wait_until(lambda: text_of(browser, "job-state") == "running", timeout_s=30, what="the job running")
+    question, answer = do_action(browser, "action-cancel")
+    assert f"Cancel job {job_id}" in question
+    assert answer.startswith("Not done: permission denied"), answer
+    assert attribute_of(browser, "#action-message", "data-ok") == "no"
+    screenshots(browser, "action-refused-viewer", docs_too=True)
+    assert text_of(browser, "job-state") == "running"
+
+    browser.execute_script("sessionStorage.clear()")
+    browser.get(login_url(home, viewer_token(cluster, "operator"), f"/jobs/{job_id}"))
+    wait_until(lambda: text_of(browser, "action-cancel") is not None, timeout_s=10, what="the cancel button")
+    click(browser, "action-cancel")
+    wait_until(lambda: shown(browser, "confirm"), timeout_s=5, what="the confirmation")
+    screenshots(browser, "action-confirm", docs_too=True)
+    click(browser, "confirm-no")
+    assert not shown(browser, "confirm") and not shown(browser, "action-result")
+    assert text_of(browser, "job-state") == "running"
+
+    _, answer = do_action(browser, "action-cancel")
+    assert answer in (f"Done: job {job_id}: cancelling", f"Done: job {job_id}: cancelled"), answer
+    screenshots(browser, "action-done")
+    try:
+        wait_until(
+            lambda: (text_of(browser, "job-state") or "").startswith("cancelled"),
+            timeout_s=30,
+            what="the job cancelled",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: the page shows {text_of(browser, 'job-state')!r}") from None
+    assert text_of(browser, "action-cancel") is None
+    events = text_of(browser, "events") or ""
+    assert "cancel requested" in events and "final" in events
+
+    browser.get(f"{home}/workers/w-1")
+    _, answer = do_action(browser, "action-cordon")
+    assert answer.startswith("Done: worker w-1: cordoned"), answer
+    wait_until(lambda: text_of(browser, "worker-state") == "cordoned", timeout_s=10, what="w-1 cordoned")
+    question, answer = do_action(browser, "action-drain", deadline_s="30")
+    assert "Drain worker w-1" in question
+    assert answer.startswith("Done: worker w-1: cordoned, drained"), answer
+    wait_until(lambda: text_of(browser, "worker-state") == "drained", timeout_s=10, what="w-1 drained")
+    screenshots(browser, "worker-drained", docs_too=True)
+    _, answer = do_action(browser, "action-uncordon")
+    assert answer.startswith("Done: worker w-1: takes placements"), answer
+    wait_until(lambda: text_of(browser, "worker-state") == "alive", timeout_s=10, what="w-1 alive again")
+
+    reply = rpc.call(
+        ready.config.control_plane_addresses,
+        "list_audit",
+        pb.ListAuditRequest(limit=20),
+        tls=ready.config.client_tls,
+    )
+    made = [(e.role, e.actor_id, e.action) for e in reversed(reply.entries) if e.action != "submit"]
+    assert made == [
+        ("operator", "operator", "cancel"),
+        ("operator", "operator", "cordon"),
+        ("operator", "operator", "drain"),
+        ("operator", "operator", "uncordon"),
+    ]
+
+
+def test_a_cross_site_form_post_and_a_request_without_the_action_header_are_refused(
+    cluster: LocalCluster, browser: Any, tmp_path: Path
+) -> None:
+    """A form of another origin that posts to the cancel action gets a refusal page, and a
+    script of the console's own page that posts without the action header is refused too; the
+    job runs on and no cancel is audited."""
+    ready = cluster.up(control_planes=1, workers=1)
+    home = ready.config.console_urls()["cp-1"]
+    gate = gates_folder(tmp_path) / "never"
+    job_id = submit(ready, command("not cancelled", f"while [ ! -e {gate} ]; do sleep 0.05; done"))
+    action = f"{home}/action/jobs/{job_id}/cancel"
+
+    # A page of another origin (here an opaque one: Origin null) whose form posts to the console.
+    form = (
+        f'<form id="f" method="post" action="{action}" enctype="text/plain">'
+        '<input name=\'{"idempotency_key": "x", "pad": "\' value=\'"}\'></form>'
+        "<script>document.getElementById('f').submit()</script>"
+    )
+    browser.get("data:text/html," + urllib.parse.quote(form))
+    wait_until(
+        lambda: (
+            "cross-site request refused" in (browser.execute_script("return document.body.innerText") or "")
+        ),
+        timeout_s=10,
+        what="the refusal of the cross-site form",
+    )
+
+    browser.get(login_url(home, viewer_token(cluster, "operator"), f"/jobs/{job_id}"))
+    wait_until(lambda: text_of(browser, "job-state") == "running", timeout_s=30, what="the job running")
+    status = browser.execute_async_script(
+        """const done = arguments[arguments.length - 1];
+        fetch(arguments[0], {method: "POST", headers: {"Content-Type": "application/json",
+              "Authorization": "Bearer " + sessionStorage.getItem("stockade-console-token")},
+              body: JSON.stringify({idempotency_key: "no-header"})})
+          .then((r) => r.text().then((t) => done([r.status, t])));""",
+        action,
+    )
+    assert status[0] == 403 and "no X-Stockade-Action header" in status[1], status
+    assert text_of(browser, "job-state") == "running"
+    reply = rpc.call(
+        ready.config.control_plane_addresses,
+        "list_audit",
+        pb.ListAuditRequest(action="cancel"),
+        tls=ready.config.client_tls,
+    )
+    assert list(reply.entries) == []
+
+
+OUTPUT_LINES = 10_000
+"""Lines the output test's job writes before its gate: about 98 KB, more than one 64 KiB page."""
+
+
+def test_the_whole_output_pages_follows_and_downloads_and_the_jobs_page_searches(
+    cluster: LocalCluster, browser: Any, screenshots: Shot, tmp_path: Path
+) -> None:
+    """A job's output page opens at its end and follows what the job writes; "first" shows its
+    first line and "next" the page after; the download saves every byte; the job's history shows
+    its run; the jobs page finds it by id and by name, and an array's task by name[index]."""
+    ready = cluster.up(control_planes=1, workers=1)
+    home = ready.config.console_urls()["cp-1"]
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    browser.execute_cdp_cmd(
+        "Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)}
+    )
+    gate = gates_folder(tmp_path) / "open"
+    script = (
+        f"i=0; while [ $i -lt {OUTPUT_LINES} ]; do echo line $i; i=$((i+1)); done; "
+        f"while [ ! -e {gate} ]; do sleep 0.05; done; echo after the gate"
+    )
+    job_id = submit(ready, command("pages", script))
+
+    browser.get(login_url(home, viewer_token(cluster), f"/jobs/{job_id}/output?stream=stdout"))
+    wait_until(
+        lambda: (text_of(browser, "output-stdout") or "").endswith(f"line {OUTPUT_LINES - 1}"),
+        timeout_s=30,
+        what="the last line written",
+    )
+    assert not (text_of(browser, "output-stdout") or "").startswith("line 0\n")  # a tail, not all
+    gate.touch()
+    wait_until(
+        lambda: (text_of(browser, "output-stdout") or "").endswith("after the gate"),
+        timeout_s=30,
+        what="the line written after the gate, followed",
+    )
+    screenshots(browser, "output-tail", docs_too=True)
+
+    click(browser, "output-first")
+    wait_until(
+        lambda: (text_of(browser, "output-stdout") or "").startswith("line 0\nline 1\n"),
+        timeout_s=10,
+        what="the first page",
+    )
+    assert attribute_of(browser, "#output-range", "data-start") == "0"
+    first_end = int(attribute_of(browser, "#output-range", "data-end") or 0)
+    assert first_end == 64 * 1024
+    click(browser, "output-next")
+    wait_until(
+        lambda: attribute_of(browser, "#output-range", "data-start") == str(first_end),
+        timeout_s=10,
+        what="the next page",
+    )
+
+    click(browser, "download-stdout")
+    saved = downloads / f"job-{job_id}-stdout.txt"
+    wait_until(saved.exists, timeout_s=20, what="the download")
+    expected = "".join(f"line {i}\n" for i in range(OUTPUT_LINES)) + "after the gate\n"
+    wait_until(lambda: saved.read_text() == expected, timeout_s=10, what="every byte downloaded")
+
+    browser.get(f"{home}/jobs/{job_id}")
+    wait_until(lambda: text_of(browser, "job-state") == "succeeded", timeout_s=30, what="the job succeeded")
+    kinds = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#events li')).map((e) => e.dataset.kind)"
+    )
+    assert kinds[0] == "submitted" and "placed" in kinds and kinds[-1] == "final", kinds
+    browser.execute_script("document.getElementById('job-runs').scrollIntoView()")
+    screenshots(browser, "job-history", docs_too=True)
+
+    array_id = submit(ready, SH_ARRAY)
+    browser.get(f"{home}/jobs")
+    wait_until(lambda: text_of(browser, "jobs") is not None, timeout_s=10, what="the jobs page")
+    browser.execute_script(
+        "document.querySelector('form.filters input[name=id]').value = arguments[0]", str(job_id)
+    )
+    browser.execute_script("document.querySelector('form.filters').requestSubmit()")
+    wait_until(
+        lambda: (
+            browser.execute_script("return document.querySelectorAll('#jobs tr[data-id]').length") == 1
+            and attribute_of(browser, "#jobs tr[data-id]", "data-id") == str(job_id)
+        ),
+        timeout_s=10,
+        what="the job found by id",
+    )
+    browser.get(f"{home}/jobs?name=sh%5B2%5D")
+    wait_until(
+        lambda: attribute_of(browser, "#jobs tr[data-id]", "data-id") == str(array_id + 2),
+        timeout_s=10,
+        what="the array's task found by name[index]",
+    )
+    assert "sh[2]" in (text_of(browser, "jobs") or "")
+    screenshots(browser, "jobs-search", docs_too=True)

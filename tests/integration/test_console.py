@@ -58,9 +58,15 @@ async def console_on(
 
 
 async def get(
-    console: Console, path: str, headers: dict[str, str] | None = None, *, method: str = "GET"
+    console: Console,
+    path: str,
+    headers: dict[str, str] | None = None,
+    *,
+    method: str = "GET",
+    body: bytes | None = None,
 ) -> tuple[int, dict[str, str], str]:
-    """(status, headers, body) of one request to ``console``, sent from a thread."""
+    """(status, headers, body) of one request to ``console`` (with ``body``, if given), sent
+    from a thread."""
     host, port = "127.0.0.1", console.http_port
 
     def request() -> tuple[int, dict[str, str], str]:
@@ -73,7 +79,7 @@ async def get(
         else:
             conn = http.client.HTTPConnection(host, port, timeout=10)
         try:
-            conn.request(method, path, headers=headers or {})
+            conn.request(method, path, body=body, headers=headers or {})
             response = conn.getresponse()
             return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read().decode()
         finally:
@@ -91,6 +97,20 @@ async def seed_cluster(database_url: str) -> int:
             return await _seed(db)
         finally:
             await db.close()
+
+
+async def seed_alice_and_bob(database_url: str) -> tuple[int, int]:
+    """The cluster of :func:`seed_cluster`, its job alice's, and a pending job of bob's;
+    returns (alice's job id, bob's)."""
+    async with asyncio_bridge():
+        db = await PgConnection.connect(database_url)
+        try:
+            alices = await _seed(db)
+            bobs = await insert_job(db, "bobs-job", 500, 256, 0, "command", None, ["echo", "bob"])
+            await db.execute("UPDATE jobs SET owner = CASE WHEN id = $1 THEN 'alice' ELSE 'bob' END", alices)
+        finally:
+            await db.close()
+    return alices, bobs
 
 
 async def _seed(db: PgConnection) -> int:
@@ -331,14 +351,7 @@ async def test_a_user_and_a_scoped_viewer_see_only_their_accounts_jobs(
     and find bob's job a 404 page; the viewer of every account lists both, with their owners."""
     issue(certs, role="user", id="alice")
     issue(certs, role="viewer", id="v-alice", account="alice")
-    async with asyncio_bridge():
-        db = await PgConnection.connect(database_url)
-        try:
-            alices = await _seed(db)
-            bobs = await insert_job(db, "bobs-job", 500, 256, 0, "command", None, ["echo", "bob"])
-            await db.execute("UPDATE jobs SET owner = CASE WHEN id = $1 THEN 'alice' ELSE 'bob' END", alices)
-        finally:
-            await db.close()
+    alices, bobs = await seed_alice_and_bob(database_url)
 
     def bearer(id: str) -> dict[str, str]:
         token = make_token(TlsFiles.in_dir(certs, id), now_unix_s=time.time(), lifetime_s=600)

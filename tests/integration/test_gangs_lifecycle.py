@@ -162,6 +162,24 @@ async def test_a_gang_is_claimed_whole_or_not_at_all(cluster: Cluster) -> None:
     assert await cluster.partial() == 0
 
 
+async def test_a_gang_takes_the_lowest_ports_free_on_its_host_around_those_in_use(cluster: Cluster) -> None:
+    """A second gang on a host whose active gang tasks hold ports 42000, 42002 and 42004 gets
+    the lowest free ones, 42001, 42003 and 42005, one each, by task id."""
+    one = await cluster.register("w-1", "10.0.0.1:9000")
+    first = await cluster.submit_gang(3)
+    placed = await cluster.place([(t, "w-1", one) for t in first])
+    assert sorted(placed) == first
+    await cluster.admin.execute(
+        "UPDATE assignments SET gang_port = 42004 WHERE job_id = ANY($1) AND gang_port = 42001", first
+    )
+    second = await cluster.submit_gang(3)
+    assert sorted(await cluster.place([(t, "w-1", one) for t in second])) == second
+    rows = await cluster.admin.fetch(
+        "SELECT gang_port FROM assignments WHERE job_id = ANY($1) ORDER BY job_id", second
+    )
+    assert [r["gang_port"] for r in rows] == [42001, 42003, 42005]
+
+
 async def test_a_failed_task_stops_the_others_and_the_gang_runs_again_whole(cluster: Cluster) -> None:
     """One task fails: in the same transaction the others are asked to stop; once they ended,
     every task is pending again, one gang attempt spent, and the next commit is attempt 2."""

@@ -9,12 +9,16 @@ the machine's load, so these tests check the imports themselves.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 
 from ops.cli import params
@@ -80,25 +84,43 @@ CLIENT = ("trio", "trio_asyncio", "grpclib", "betterproto2", "protocol", "rich",
 """What a call that talks to the cluster needs, and ``--help`` and ``--version`` do not."""
 
 
-def loaded(*args: str) -> tuple[int, list[str]]:
-    """The exit code of ``stockade ARGS`` run in a fresh interpreter, and the modules it loaded.
+@attrs.frozen
+class Ran:
+    """What ``stockade ARGS`` did in a fresh interpreter."""
+
+    code: int
+    modules: list[str]
+    """Every module it loaded."""
+    stdout: str
+    stderr: str
+    """Standard error without the wrapper's report."""
+
+
+def ran(*args: str, **env: str) -> Ran:
+    """Run ``stockade ARGS`` in a fresh interpreter, with ``env`` added to the environment.
 
     It runs where the test runs, with the test's environment: the suite gives every test a
     state folder and a user config of its own (``tests/conftest.py``), so what the developer's
     cluster records changes nothing here (``tests/unit/test_suite_isolation.py``)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
     done = subprocess.run(
         [sys.executable, "-c", _WRAPPER, *args],
         capture_output=True,
         text=True,
         timeout=60,
-        env=env,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100", **env},
         check=False,
     )
-    report = done.stderr.rpartition("MODULES ")[2]
+    stderr, _, report = done.stderr.rpartition("\nMODULES ")
     assert report, done.stderr
     data = json.loads(report)
-    return data["code"], data["modules"]
+    return Ran(code=data["code"], modules=data["modules"], stdout=done.stdout, stderr=stderr)
+
+
+def loaded(*args: str) -> tuple[int, list[str]]:
+    """The exit code of ``stockade ARGS`` run in a fresh interpreter (:func:`ran`), and the
+    modules it loaded."""
+    done = ran(*args)
+    return done.code, done.modules
 
 
 def under(modules: list[str], prefixes: tuple[str, ...]) -> list[str]:
@@ -187,3 +209,342 @@ def test_the_command_map_names_what_each_group_registers() -> None:
     assert {group: sorted(names) for group, names in registered.items()} == {
         group: sorted(names) for group, names in ops.cli.COMMANDS.items()
     }
+
+
+NOT_HOT = (
+    "typer",
+    "trio",
+    "trio_asyncio",
+    "runtime.client",
+    "ops.client.core",
+    "ops.cli.base",
+    "ops.cli.jobs",
+    "importlib.metadata",
+)
+"""What the hot commands' own layer (:mod:`ops.cli.fast`) does without: Typer, trio, the failover
+client, the Typer commands and importlib.metadata (betterproto2 asks it for its version)."""
+
+
+def test_help_loads_only_its_own_layer() -> None:
+    """``stockade --help`` is printed without Typer, rich, the configuration or any command module."""
+    done = ran("--help")
+    assert done.code == 0
+    assert (
+        under(done.modules, (*NOT_HOT, "rich", "ops.config", "ops.cli.common", "runtime", "protocol")) == []
+    )
+    assert under(done.modules, ("ops",)) == ["ops", "ops.cli", "ops.cli.fast"]
+
+
+_TYPER_HELP = "import ops.cli; ops.cli.load_commands()(['--help'], prog_name='stockade')"
+"""Prints ``stockade --help`` through the Typer app."""
+
+
+def test_the_version_is_the_installed_one_without_typer() -> None:
+    """``stockade --version`` prints the installed distribution's version, as
+    :func:`importlib.metadata.version` reads it, without loading Typer."""
+    import importlib.metadata
+
+    done = ran("--version")
+    assert (done.code, done.stdout) == (0, f"stockade {importlib.metadata.version('stockade')}\n")
+    assert under(done.modules, (*NOT_HOT, "rich")) == []
+
+
+@pytest.mark.parametrize("columns", [30, 52, 60, 70, 79, 80, 81, 100, 200])
+def test_the_help_is_typers_at_every_width(columns: int) -> None:
+    """What :mod:`ops.cli.fast` prints for ``--help`` is what Typer prints, wrapped and cut alike
+    (Typer's in a process of its own: Click's test runner fixes the width at 80 columns)."""
+    from ops.cli import fast
+
+    typer_help = subprocess.run(
+        [sys.executable, "-c", _TYPER_HELP],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": str(columns)},
+        check=False,
+    )
+    assert typer_help.returncode == 0, typer_help.stderr
+    assert fast.top_help(columns) == typer_help.stdout
+    assert ran("--help", COLUMNS=str(columns)).stdout == typer_help.stdout
+
+
+def test_the_help_lists_the_apps_commands() -> None:
+    """:data:`ops.cli.fast.TOP_COMMANDS` names the app's shown commands (in the order of a fresh
+    ``stockade --help``: :func:`test_the_help_is_typers_at_every_width`), each with the start of
+    its help: its whole first paragraph, or more of it than any listing shows."""
+    import typer
+
+    import ops.cli
+    from ops.cli import fast
+    from ops.cli.base import app
+
+    ops.cli.load_commands()
+    group = typer.main.get_command(app)
+    context = group.context_class(group, info_name="stockade")
+    shown: dict[str, str] = {}
+    for name in group.list_commands(context):
+        command = group.get_command(context, name)
+        assert command is not None
+        if not command.hidden:
+            shown[name] = " ".join((command.help or "").split("\n\n")[0].split())
+    assert sorted(name for name, _ in fast.TOP_COMMANDS) == sorted(shown)
+    longest_cut = 80 - 2 - 6 - max(len(name) for name in shown)
+    for name, start in fast.TOP_COMMANDS:
+        assert shown[name].startswith(start), name
+        assert start == shown[name] or len(start) > longest_cut + 1, name
+    assert group.help == fast.TOP_HELP
+
+
+_FAKE_CONTROL_PLANE = """
+import asyncio, sys
+import grpclib.const, grpclib.server
+from protocol import pb
+
+refuse = sys.argv[1] == "refuse"
+sent = open(sys.argv[2], "a")
+
+
+class FakeControlPlane(pb.ControlPlaneBase):
+    async def status(self, message):
+        return pb.StatusReply(
+            leader="cp-1",
+            epoch=4,
+            answered_by="cp-1",
+            heartbeat_interval_ms=250,
+            dead_after_ms=2500,
+            heartbeat_policy="the control planes' settings",
+            control_planes=[pb.ControlPlaneInfo(id="cp-1", address="127.0.0.1:7", role="leader")],
+            workers=[
+                pb.WorkerInfo(
+                    id="w-1", address="127.0.0.1:9", state="alive", cpu_millis=4000, memory_mb=8192,
+                    cpu_allocated_millis=1000, memory_allocated_mb=512, job_ids=[3, 5],
+                    labels={"container": "docker", "resources": "cgroup2"},
+                )
+            ],
+            jobs=[pb.JobCount(state="running", count=2), pb.JobCount(state="succeeded", count=7)],
+        )
+
+    async def submit_job(self, message):
+        sent.write(bytes(message).hex() + "\\n")
+        sent.flush()
+        if refuse:
+            raise grpclib.GRPCError(grpclib.const.Status.INVALID_ARGUMENT, "after: no job 99 (request)")
+        return pb.SubmitJobReply(job_id=41)
+
+
+async def main():
+    server = grpclib.server.Server([FakeControlPlane()])
+    await server.start("127.0.0.1", 0)
+    print(server._server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+
+
+asyncio.run(main())
+"""
+"""A control plane that answers Status, and SubmitJob with job 41 (or, given ``refuse``,
+INVALID_ARGUMENT), writing each SubmitJobRequest it gets to the file named, in hex; it prints
+its port, served in plaintext on 127.0.0.1."""
+
+
+@attrs.frozen
+class FakeControlPlane:
+    """A running :data:`_FAKE_CONTROL_PLANE`."""
+
+    address: str
+    sent_file: Path
+
+    def submitted(self) -> list[Any]:
+        """Every SubmitJobRequest it got, in order."""
+        from protocol import pb
+
+        lines = self.sent_file.read_text().split()
+        return [pb.SubmitJobRequest.parse(bytes.fromhex(line)) for line in lines]
+
+
+@contextlib.contextmanager
+def serving(tmp_path: Path, mode: str) -> Iterator[FakeControlPlane]:
+    """A fake control plane in a process of its own (``mode``: ``answer`` or ``refuse``),
+    stopped when the block ends."""
+    sent_file = tmp_path / f"submitted-{mode}.hex"
+    sent_file.touch()
+    with subprocess.Popen(
+        [sys.executable, "-c", _FAKE_CONTROL_PLANE, mode, str(sent_file)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    ) as server:
+        try:
+            assert server.stdout is not None
+            port = int(server.stdout.readline())
+            yield FakeControlPlane(address=f"127.0.0.1:{port}", sent_file=sent_file)
+        finally:
+            server.kill()
+
+
+@pytest.fixture
+def fake_control_plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeControlPlane]:
+    """A fake control plane that answers; client commands call it in plaintext."""
+    monkeypatch.setenv("STOCKADE_INSECURE", "1")
+    with serving(tmp_path, "answer") as plane:
+        yield plane
+
+
+def typer_run(*args: str) -> Any:
+    """``stockade ARGS`` through the Typer app in this process (the trio client), as the test's
+    environment says, 100 columns wide."""
+    from typer.testing import CliRunner
+
+    import ops.cli
+
+    return CliRunner().invoke(ops.cli.load_commands(), list(args), env={"COLUMNS": "100"})
+
+
+def submit_args(address: str, *more: str, command: tuple[str, ...] = ("sh", "-c", "true")) -> list[str]:
+    """A ``stockade submit`` of ``command`` (none: ``more`` says the job) with an environment
+    variable and the options ``more``, to ``address``."""
+    options = ["--cpu-millis", "100", "--memory-mb", "64", "--env", "A=b", "--control-planes", address]
+    return ["submit", *options, *more, *(("--", *command) if command else ())]
+
+
+@pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["submit"]])
+def test_the_hot_commands_load_neither_typer_nor_trio(
+    fake_control_plane: FakeControlPlane, args: list[str]
+) -> None:
+    """``status`` and ``submit`` answered by the first control plane run on asyncio without
+    Typer or trio, and load nothing of the server."""
+    if args == ["submit"]:
+        args = submit_args(fake_control_plane.address)
+    else:
+        args = [*args, "--control-planes", fake_control_plane.address]
+    done = ran(*args)
+    assert done.code == 0, done.stderr
+    assert under(done.modules, NOT_HOT if args[1] != "--json" else (*NOT_HOT, "rich")) == []
+    assert under(done.modules, NEVER) == []
+
+
+@pytest.mark.parametrize("args", [["status"], ["status", "--json"]])
+def test_the_fast_status_prints_what_the_typer_command_prints(
+    fake_control_plane: FakeControlPlane, args: list[str]
+) -> None:
+    """``stockade status`` (and ``--json``) prints the same whichever layer answers."""
+    fast = ran(*args, "--control-planes", fake_control_plane.address)
+    slow = typer_run(*args, "--control-planes", fake_control_plane.address)
+    assert slow.exit_code == 0
+    assert fast.stdout == slow.output
+    assert "w-1" in fast.stdout
+
+
+@pytest.mark.parametrize(
+    ("more", "command"),
+    [
+        ((), ("sh", "-c", "true")),
+        (("--sleep-s", "1.5", "--name=nap", "--priority", "5", "--spread", "--tasks", "2"), ()),
+        (
+            (
+                "--max-attempts=3",
+                "--retry-backoff-s",
+                "2",
+                "--count-lost",
+                "--timeout-s",
+                "60",
+                "--constraint",
+                "resources=cgroup2",
+                "--env",
+                "C=d",
+                "--workdir",
+                "/srv",
+                "--after",
+                "3,4",
+                "--retry-on-exit",
+                "1,75",
+                "--no-retry-on",
+                "oom_killed",
+                "--resource",
+                "gpu=1",
+            ),
+            ("python3", "-c", "print(1)"),
+        ),
+        (("--image", "busybox", "--array", "1-4%2", "--max-failed-tasks", "2"), ("echo", "--", "-x")),
+    ],
+)
+def test_the_fast_submit_sends_what_the_typer_command_sends(
+    fake_control_plane: FakeControlPlane, more: tuple[str, ...], command: tuple[str, ...]
+) -> None:
+    """``stockade submit`` prints the job's id and sends the same spec as the Typer command,
+    whatever options it is given."""
+    fast = ran(*submit_args(fake_control_plane.address, *more, command=command))
+    slow = typer_run(*submit_args(fake_control_plane.address, *more, command=command))
+    assert (fast.code, fast.stdout) == (slow.exit_code, slow.output) == (0, "41\n")
+    assert "typer" not in fast.modules
+    sent_fast, sent_slow = fake_control_plane.submitted()
+    assert sent_fast.spec == sent_slow.spec
+    assert sent_fast.idempotency_key != sent_slow.idempotency_key
+
+
+def test_a_refused_submit_is_said_by_the_typer_command_under_the_same_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A submit the first control plane refuses is left to the Typer command, which sends it
+    again with the same idempotency key and says the refusal as always (exit status 2)."""
+    monkeypatch.setenv("STOCKADE_INSECURE", "1")
+    with serving(tmp_path, "refuse") as plane:
+        done = ran(*submit_args(plane.address))
+        first, again = plane.submitted()
+    assert done.code == 2
+    assert done.stderr == "error: after: no job 99 (request)\n"
+    assert "typer" in done.modules
+    assert first.idempotency_key == again.idempotency_key
+
+
+def test_a_hot_command_whose_first_control_plane_is_down_asks_the_next(
+    fake_control_plane: FakeControlPlane,
+) -> None:
+    """``status`` and ``submit`` whose first control plane refuses the connection are answered
+    by the next one, as the failover client would answer them, still without trio."""
+    addresses = f"127.0.0.1:1,{fake_control_plane.address}"
+    status = ran("status", "--json", "--control-planes", addresses)
+    submit = ran(*submit_args(addresses))
+    assert (status.code, submit.code, submit.stdout) == (0, 0, "41\n")
+    assert status.stdout == typer_run("status", "--json", "--control-planes", addresses).output
+    assert under(status.modules + submit.modules, NOT_HOT) == []
+
+
+@pytest.mark.usefixtures("client_certs")
+def test_a_call_no_control_plane_answers_is_said_by_the_typer_command() -> None:
+    """When no control plane answers, the Typer command walks them again and says how each
+    failed, as it always has (exit status 1)."""
+    done = ran("status", "--control-planes", "127.0.0.1:1,127.0.0.1:2")
+    assert done.code == 1
+    assert done.stderr.startswith(
+        "error: no control plane answered at 127.0.0.1:1, 127.0.0.1:2: connection refused"
+    )
+    assert "typer" in done.modules
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "--bogus"],
+        ["status", "--json", "--json"],
+        ["status", "--json=1"],
+        ["status", "extra"],
+        ["status", "--help"],
+        ["status", "--control-planes"],
+        ["submit", "--cpu-millis", "-1", "--memory-mb", "64", "--sleep-s", "1"],
+        ["submit", "--cpu-millis", "1e3", "--memory-mb", "64", "--sleep-s", "1"],
+        ["submit", "--memory-mb", "64", "--sleep-s", "1"],
+        ["submit", "--cpu-millis", "100", "--memory-mb", "64", "true"],
+        ["submit", "--cpu-millis", "100", "--memory-mb", "64", "--sleep-s", "1e9"],
+        ["submit", "--cpu-millis", "100", "--memory-mb", "64", "--sleep-s", "1", "--image", "x"],
+        ["submit", "--cpu-millis", "100", "--memory-mb", "64", "--name", "--", "true"],
+    ],
+)
+def test_what_the_fast_layer_does_not_read_is_left_to_typer(args: list[str]) -> None:
+    """A command line :mod:`ops.cli.fast` does not read with certainty (unknown, repeated or
+    valueless options, words before ``--``, values it would have to judge, a command's
+    ``--help``) is left to the Typer app, untouched."""
+    from ops.cli import fast
+
+    kept = list(args)
+    assert fast.run(kept) is None
+    assert kept == args

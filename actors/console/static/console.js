@@ -24,11 +24,16 @@
 
   // The token travels in the fragment (never sent to a server); keep it for this tab only
   // and take it out of the address bar.
-  const fragment = new URLSearchParams(location.hash.slice(1));
-  if (fragment.has("token")) {
-    sessionStorage.setItem(TOKEN_KEY, fragment.get("token"));
-    history.replaceState(null, "", location.pathname + location.search);
+  // Also when a new login URL is opened over this same page (only its fragment differs).
+  function takeToken() {
+    const fragment = new URLSearchParams(location.hash.slice(1));
+    if (fragment.has("token")) {
+      sessionStorage.setItem(TOKEN_KEY, fragment.get("token"));
+      history.replaceState(null, "", location.pathname + location.search);
+    }
   }
+  takeToken();
+  window.addEventListener("hashchange", takeToken);
   const token = () => sessionStorage.getItem(TOKEN_KEY);
 
   let consoles = [{ id: body.dataset.home, url: location.origin }];
@@ -93,11 +98,13 @@
     return kept;
   }
 
-  // A box opens at its newest line and stays there, unless the reader scrolled away from it.
+  // A box opens at its newest line and stays there, unless the reader scrolled away from it;
+  // a page of output read at an offset opens at its first line.
   function restoreOutputScrolls(kept) {
     for (const box of content.querySelectorAll("pre.output")) {
       const was = kept[box.id];
-      box.scrollTop = !was || was.atEnd ? box.scrollHeight : was.top;
+      const opensAtTop = !was && box.dataset.opens === "top";
+      box.scrollTop = opensAtTop ? 0 : !was || was.atEnd ? box.scrollHeight : was.top;
     }
   }
 
@@ -131,6 +138,12 @@
     document.title = "Stockade: " + (content.querySelector("h1") || { textContent: "console" }).textContent;
   }
 
+  let timer = null;
+  function refreshSoon() {
+    clearTimeout(timer);
+    timer = setTimeout(refresh, 0);
+  }
+
   async function refresh() {
     const started = Date.now();
     for (const origin of candidates()) {
@@ -149,8 +162,113 @@
       banner.textContent = "No console of this cluster answers (tried " + candidates().join(", ") +
         "); the page keeps trying.";
     }
-    setTimeout(refresh, Math.max(0, refreshMs - (Date.now() - started)));
+    clearTimeout(timer);
+    timer = setTimeout(refresh, Math.max(0, refreshMs - (Date.now() - started)));
   }
+
+  // Actions: a button asks its question in the confirmation box (outside the refreshed
+  // content); "confirm" posts the action with the token and the action header (a form of
+  // another site can send neither), and the answer's part is shown until closed.
+  const confirmBox = document.getElementById("confirm");
+  const question = document.getElementById("confirm-question");
+  const deadlineLabel = document.getElementById("confirm-deadline");
+  const deadlineInput = document.getElementById("confirm-deadline-s");
+  const result = document.getElementById("action-result");
+  let asked = null;
+
+  function newKey() {
+    const bytes = new Uint8Array(16);
+    crypto.getRandomValues(bytes);
+    return "console-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
+  function askConfirmation(button) {
+    asked = { url: button.dataset.actionUrl, drain: button.dataset.drain === "1", key: newKey() };
+    question.textContent = button.dataset.question;
+    deadlineLabel.hidden = !asked.drain;
+    deadlineInput.value = "";
+    result.hidden = true;
+    confirmBox.hidden = false;
+    document.getElementById("confirm-yes").focus();
+  }
+
+  async function act() {
+    const action = asked;
+    confirmBox.hidden = true;
+    asked = null;
+    const body = { idempotency_key: action.key };
+    if (action.drain) body.deadline_s = deadlineInput.value === "" ? null : Number(deadlineInput.value);
+    const headers = { "Content-Type": "application/json", "X-Stockade-Action": "1" };
+    if (authorization()) headers["Authorization"] = authorization();
+    let html;
+    try {
+      const response = await fetch(current + action.url, {
+        method: "POST",
+        headers: headers,
+        body: JSON.stringify(body),
+        cache: "no-store",
+        credentials: "omit",
+        mode: current === location.origin ? "same-origin" : "cors",
+      });
+      html = await response.text();
+    } catch (e) {
+      html = '<p class="action-refused" id="action-message" data-ok="no"></p>';
+      result.innerHTML = html;
+      document.getElementById("action-message").textContent =
+        "Not known whether it was done: no answer from " + current + " (" + e + "); look again before retrying.";
+      result.hidden = false;
+      return;
+    }
+    result.innerHTML = html;
+    result.hidden = false;
+    refreshSoon();
+  }
+
+  // A download carries the token too: fetched, then handed to the browser as a file.
+  async function download(link) {
+    const headers = {};
+    if (authorization()) headers["Authorization"] = authorization();
+    const response = await fetch(current + link.getAttribute("href"), {
+      headers: headers,
+      cache: "no-store",
+      credentials: "omit",
+      mode: current === location.origin ? "same-origin" : "cors",
+    });
+    if (!response.ok) {
+      result.innerHTML = '<p class="action-refused" id="action-message" data-ok="no"></p>';
+      document.getElementById("action-message").textContent = "Download failed: " + (await response.text());
+      result.hidden = false;
+      return;
+    }
+    const url = URL.createObjectURL(await response.blob());
+    const save = document.createElement("a");
+    save.href = url;
+    save.download = link.dataset.filename || "output.txt";
+    document.body.appendChild(save);
+    save.click();
+    save.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60000);
+  }
+
+  document.addEventListener("click", (event) => {
+    const target = event.target;
+    if (!target.closest) return;
+    const button = target.closest("button.action");
+    if (button) {
+      askConfirmation(button);
+    } else if (target.id === "confirm-yes" && asked) {
+      act();
+    } else if (target.id === "confirm-no") {
+      confirmBox.hidden = true;
+      asked = null;
+    } else if (target.id === "action-close") {
+      result.hidden = true;
+    } else if (target.closest("a.download")) {
+      event.preventDefault();
+      event.stopImmediatePropagation();
+      download(target.closest("a.download"));
+    }
+  }, true);
 
   // Links and filters lead to the console that answers, with the token, when it is not this one.
   function elsewhere(path) {
@@ -181,5 +299,5 @@
   } catch (e) {
     unanswered[location.origin] = true;
   }
-  setTimeout(refresh, first ? refreshMs : 0);
+  timer = setTimeout(refresh, first ? refreshMs : 0);
 })();

@@ -338,9 +338,10 @@ async def run_scale_point(
 ) -> ScalePoint:
     """The real placer round against ``pending`` jobs of ``accounts`` accounts (round-robin;
     weights 1, 2 and 3 in turn) and ``workers`` simulated busy workers, each running 16 jobs of
-    those accounts. With ``device_share`` > 0 every worker offers 8 gpu units and about that
-    share of the jobs asks 1 to 4 of them (docs/devices.md); about ``gang_share`` of them are
-    tasks of gangs of 2 to 8, a third of the gangs spread, stored as SubmitJob stores them
+    those accounts (with their active assignments, confirmed: proven workers). With
+    ``device_share`` > 0 every worker offers 8 gpu units and about that share of the jobs asks
+    1 to 4 of them (docs/devices.md); about ``gang_share`` of them are tasks of gangs of 2 to 8,
+    a third of the gangs spread, stored as SubmitJob stores them
     (:func:`ops.bench.pack.queue.seed_queue`; docs/gangs.md).
 
     Raises:
@@ -371,6 +372,22 @@ async def run_scale_point(
             " FROM generate_series(1, $1) i",
             16 * workers,
             accounts,
+        )
+        # Their runs, as a real cluster holds them: each busy worker's 16 active assignments,
+        # confirmed an hour ago (the workers are proven, not on trial). Without them the
+        # statistics say assignments is empty, and every read plans it as such.
+        await bench.db.execute(
+            "INSERT INTO assignments (job_id, worker_id, worker_incarnation, cpu_millis, memory_mb, epoch,"
+            " created_at, confirmed_at)"
+            " SELECT j.id, 'w-' || k, k, j.cpu_millis, j.memory_mb, 1, now() - interval '1 hour',"
+            " now() - interval '1 hour'"
+            " FROM (SELECT id, cpu_millis, memory_mb, (row_number() OVER (ORDER BY id) - 1) % $1 + 1 AS k"
+            " FROM jobs WHERE name = 'busy') j",
+            workers,
+        )
+        await bench.db.execute(
+            "UPDATE worker_allocations SET cpu_allocated_millis = 15900, memory_allocated_mb = 32000,"
+            " unconfirmed_assignments = 0, confirmed_assignments = 16"
         )
         await bench.db.execute("DELETE FROM accounts")
         if accounts > 1:
