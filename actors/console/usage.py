@@ -150,18 +150,20 @@ def usage_view(
 
 
 def usage_values(
-    row: Mapping[str, Any] | None,
+    row: Any,
     *,
     of: str,
     none: str,
     cpu_asked_millis: int | None = None,
     memory_asked_mb: int | None = None,
 ) -> dict[str, Any]:
-    """What ``parts/usage.html`` shows of the series ``row`` (:func:`usage_view`; None: no row,
-    no sample): whose usage it is (``of``), and why there may be none (``none``)."""
-    asked = {"cpu_asked_millis": cpu_asked_millis, "memory_asked_mb": memory_asked_mb}
+    """What ``parts/usage.html`` shows of the series ``row`` (a row read by the query, as
+    :func:`usage_view` takes it; None: no row, no sample): whose usage it is (``of``), and why
+    there may be none (``none``)."""
     return {
-        "usage": None if row is None else usage_view(row, **asked),
+        "usage": None
+        if row is None
+        else usage_view(row, cpu_asked_millis=cpu_asked_millis, memory_asked_mb=memory_asked_mb),
         "usage_of": of,
         "usage_none": none,
         "usage_span_s": USAGE_SPAN_S,
