@@ -455,6 +455,28 @@ CREATE TABLE IF NOT EXISTS schedule_slots (
     CONSTRAINT schedule_slots_job_check CHECK ((outcome = 'fired') = (job_id IS NOT NULL))
 );
 
+-- ---------------------------------------------------------------- usage
+
+-- What running command jobs used, as their workers measured it from the jobs' cgroups every
+-- usage_interval_s and their heartbeats carried it (docs/console.md, "Usage"): one row per job
+-- sample (job_id, assignment_id set) and per sample of all a worker's jobs together (both NULL).
+-- cpu_millis: the CPU used on average over the span_ms before the measure; memory_mb: what it
+-- held then. Written by ingest beside the heartbeat (unfenced, no foreign keys: the hottest
+-- write stays cheap); rows older than usage_retention_s are deleted by every replica's sweep
+-- (usage_samples_by_age, a BRIN index: the rows come in time order).
+CREATE TABLE IF NOT EXISTS usage_samples (
+    at             timestamptz NOT NULL DEFAULT now(),
+    worker_id      text        NOT NULL,
+    job_id         bigint,
+    assignment_id  bigint,
+    cpu_millis     integer     NOT NULL CHECK (cpu_millis >= 0),
+    memory_mb      integer     NOT NULL CHECK (memory_mb >= 0),
+    span_ms        integer     NOT NULL CHECK (span_ms >= 0)
+);
+CREATE INDEX IF NOT EXISTS usage_samples_by_job ON usage_samples (job_id, at) WHERE job_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS usage_samples_by_worker ON usage_samples (worker_id, at) WHERE job_id IS NULL;
+CREATE INDEX IF NOT EXISTS usage_samples_by_age ON usage_samples USING brin (at);
+
 -- ---------------------------------------------------------------- the schema's version
 
 -- The versions applied (actors/schema.py): this file records the newest; each migration adds its own.
@@ -463,7 +485,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 -- This file's version: the newest migration's (actors/migrations/).
-INSERT INTO schema_version (version) VALUES (14) ON CONFLICT (version) DO NOTHING;
+INSERT INTO schema_version (version) VALUES (15) ON CONFLICT (version) DO NOTHING;
 
 -- ================================================================ routines
 -- Everything below is functions, triggers and views, each CREATE OR REPLACE: applied with the
@@ -1603,3 +1625,25 @@ BEGIN
                                  AND x.incarnation > p_incarnations[g.n]) AS t(newer)
      ORDER BY g.n;
 END $$;
+
+-- The usage samples of heartbeats recorded alive (docs/console.md, "Usage"), one per element of
+-- the parallel arrays: the worker, the assignment (0: all the worker's jobs together), cpu_millis,
+-- memory_mb and span_ms. A job's sample is kept with its job id when the assignment is its
+-- worker's; one naming another worker's assignment, or none, is dropped. Returns how many were
+-- kept. Called alone after a heartbeat recorded alone, and inside a group's statement
+-- (actors/queries/ingest.py, RECORD_USAGE and RECORD_HEARTBEATS_AND_USAGE).
+CREATE OR REPLACE FUNCTION record_usage(
+    p_worker_ids text[], p_assignment_ids bigint[], p_cpu_millis integer[], p_memory_mb integer[],
+    p_span_ms integer[]
+) RETURNS integer LANGUAGE sql AS $$
+    WITH kept AS (
+        INSERT INTO usage_samples (worker_id, job_id, assignment_id, cpu_millis, memory_mb, span_ms)
+        SELECT u.worker_id, a.job_id, a.id, u.cpu_millis, u.memory_mb, u.span_ms
+          FROM unnest(p_worker_ids, p_assignment_ids, p_cpu_millis, p_memory_mb, p_span_ms)
+               AS u (worker_id, assignment_id, cpu_millis, memory_mb, span_ms)
+          LEFT JOIN assignments a ON a.id = u.assignment_id AND a.worker_id = u.worker_id
+         WHERE u.assignment_id = 0 OR a.id IS NOT NULL
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM kept
+$$;

@@ -21,7 +21,11 @@ import trio
 from runtime import metrics
 from runtime.errors import DatabaseUnavailable
 
-__all__ = ["GroupAnswer", "GroupMember", "GroupedBeat", "HeartbeatGrouper", "RecordGroup"]
+__all__ = ["GroupAnswer", "GroupMember", "GroupedBeat", "HeartbeatGrouper", "RecordGroup", "UsageRow"]
+
+UsageRow = tuple[int, int, int, int]
+"""One usage sample of a heartbeat: (assignment id, 0 for all the worker's jobs; cpu_millis;
+memory_mb; span_ms), as the protocol's ``UsageSample``."""
 
 
 @attrs.frozen(kw_only=True)
@@ -35,6 +39,8 @@ class GroupedBeat:
     """Its send time (the worker's monotonic clock, µs)."""
     dead_after_in_use_ms: int = 0
     """The dead_after the worker's fence is derived from, in ms (0: none)."""
+    usage: tuple[UsageRow, ...] = ()
+    """Its usage samples, recorded after it in the group's statements when it was alive."""
     deadline: float = math.inf
     """Trio time at which its client stops waiting for the answer (inf: never)."""
 

@@ -214,13 +214,17 @@ class Ingest:
                 failing = True
 
     async def _sweep(self, service: ControlPlaneService) -> None:
-        """Delete expired idempotency keys every ``idempotency_sweep_interval_s`` (every replica
-        sweeps; the sweeps skip each other's rows)."""
+        """Delete expired idempotency keys and usage samples every
+        ``idempotency_sweep_interval_s`` (every replica sweeps; the sweeps skip each other's rows)."""
         while True:
             await trio.sleep(self.settings.idempotency_sweep_interval_s)
-            try:
-                await service.sweep_idempotency_keys()
-            except (Busy, DeadlineExceeded):
-                pass  # shed as any other request: the next sweep catches up
-            except DatabaseUnavailable as exc:
-                self._log.warning("idempotency keys not swept", error=str(exc))
+            for sweep, what in (
+                (service.sweep_idempotency_keys, "idempotency keys"),
+                (service.sweep_usage_samples, "usage samples"),
+            ):
+                try:
+                    await sweep()
+                except (Busy, DeadlineExceeded):
+                    pass  # shed as any other request: the next sweep catches up
+                except DatabaseUnavailable as exc:
+                    self._log.warning(f"{what} not swept", error=str(exc))

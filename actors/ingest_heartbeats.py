@@ -12,7 +12,7 @@ import attrs
 import trio
 
 from actors import queries, validation
-from actors.heartbeat_group import GroupAnswer, GroupedBeat, GroupMember, HeartbeatGrouper
+from actors.heartbeat_group import GroupAnswer, GroupedBeat, GroupMember, HeartbeatGrouper, UsageRow
 from actors.heartbeat_policy import (
     MAX_DEAD_AFTER_MS,
     MAX_SENT_US,
@@ -26,8 +26,40 @@ from actors.ingest_replies import check_outcomes, outcome_arrays, outcome_log_ke
 from protocol import pb
 from runtime import identifiers, log, metrics
 from runtime.aio import require_worker, rpc_deadline
-from runtime.errors import DeadlineExceeded
+from runtime.errors import DeadlineExceeded, InvalidArgument
 from runtime.settings.leader import ReconcilerSettings
+
+USAGE_VALUE_TOP = 2**31 - 1
+"""A usage sample's ``cpu_millis``, ``memory_mb`` or ``span_ms`` above this (the database's
+``integer``) is recorded as this: a measure, not a request, is kept rather than refused."""
+
+
+def usage_rows(request: pb.HeartbeatRequest) -> tuple[UsageRow, ...]:
+    """The usage samples of ``request`` as rows, values capped at :data:`USAGE_VALUE_TOP`.
+
+    Raises:
+        InvalidArgument: more samples than one per running assignment plus one.
+    """
+    most = len(request.running_assignment_ids) + 1
+    if len(request.usage) > most:
+        raise InvalidArgument(
+            "usage",
+            f"{len(request.usage)} samples",
+            f"must hold at most one per running assignment plus one ({most})",
+        )
+    top = USAGE_VALUE_TOP
+    return tuple(
+        (u.assignment_id, min(u.cpu_millis, top), min(u.memory_mb, top), min(u.span_ms, top))
+        for u in request.usage
+    )
+
+
+async def record_usage(conn: Any, worker_id: str, usage: Sequence[UsageRow]) -> None:
+    """Record ``usage``, the samples of a heartbeat of ``worker_id`` recorded alone and alive, in
+    one statement on ``conn`` (none without samples)."""
+    if usage:
+        columns = [list(column) for column in zip(*usage, strict=True)]
+        await conn.execute(queries.RECORD_USAGE, [worker_id] * len(usage), *columns)
 
 
 def recorded_answer(
@@ -89,14 +121,20 @@ class HeartbeatHandlers(JobHandlers):
         hold_ms = validation.check_restart_hold_ms(request.restart_hold_ms)
         finished = list(request.finished)
         check_outcomes(finished)
-        reply = await self._record_heartbeat(worker_id, request, finished, hold_ms)
+        usage = usage_rows(request)
+        reply = await self._record_heartbeat(worker_id, request, finished, hold_ms, usage)
         if not reply.reregister:
             # Only a recorded heartbeat of a live incarnation says a wait.
             self.heartbeat_waits.add(trio.current_time(), worker_id, request.waited_ms)
         return reply
 
     async def _record_heartbeat(
-        self, worker_id: str, request: pb.HeartbeatRequest, finished: list[pb.JobOutcome], hold_ms: int
+        self,
+        worker_id: str,
+        request: pb.HeartbeatRequest,
+        finished: list[pb.JobOutcome],
+        hold_ms: int,
+        usage: tuple[UsageRow, ...],
     ) -> pb.HeartbeatReply:
         if self.heartbeat_group is not None and not finished and not hold_ms:
             deadline = rpc_deadline()
@@ -109,11 +147,12 @@ class HeartbeatHandlers(JobHandlers):
                     running_assignment_ids=tuple(request.running_assignment_ids),
                     sent_us=min(request.sent_monotonic_us, MAX_SENT_US),
                     dead_after_in_use_ms=min(request.dead_after_in_use_ms, MAX_DEAD_AFTER_MS),
+                    usage=usage,
                 )
             )
             if not answer.skipped:
                 return self._heartbeat_reply(worker_id, request.incarnation, answer)
-        return await self._heartbeat_alone(worker_id, request, finished, hold_ms)
+        return await self._heartbeat_alone(worker_id, request, finished, hold_ms, usage)
 
     async def run_heartbeat_group(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -132,9 +171,10 @@ class HeartbeatHandlers(JobHandlers):
             self.heartbeat_group = None
 
     async def record_heartbeat_group(self, members: Sequence[GroupMember]) -> list[GroupAnswer | Exception]:
-        """Record a group of liveness-only heartbeats (worker ids distinct) in one statement: one
-        answer per member, in order; a member whose deadline passed or whose handler stopped
-        waiting before the group got its connection is not recorded (answer: DeadlineExceeded).
+        """Record a group of liveness-only heartbeats (worker ids distinct), and the usage samples
+        of those recorded alive, in one statement: one answer per member, in order; a member whose
+        deadline passed or whose handler stopped waiting before the group got its connection is
+        not recorded (answer: DeadlineExceeded).
 
         Raises:
             DatabaseUnavailable, Busy: as :meth:`database`; nothing of the group was recorded.
@@ -146,10 +186,11 @@ class HeartbeatHandlers(JobHandlers):
             live = [m.beat for m, out in zip(members, left_out, strict=True) if not out]
             running_ids = [a for beat in live for a in beat.running_assignment_ids]
             running_members = [n for n, beat in enumerate(live, start=1) for _ in beat.running_assignment_ids]
+            used = [(n, *sample) for n, beat in enumerate(live, start=1) for sample in beat.usage]
             rows = []
             if live:
                 rows = await conn.fetch(
-                    queries.RECORD_HEARTBEATS,
+                    queries.RECORD_HEARTBEATS_AND_USAGE if used else queries.RECORD_HEARTBEATS,
                     [b.worker_id for b in live],
                     [b.incarnation for b in live],
                     [b.sent_us for b in live],
@@ -157,6 +198,7 @@ class HeartbeatHandlers(JobHandlers):
                     running_ids,
                     running_members,
                     *self._told_defaults(),
+                    *([list(column) for column in zip(*used, strict=True)] if used else []),
                 )
         recorded = iter(rows)
         for out in left_out:
@@ -170,10 +212,15 @@ class HeartbeatHandlers(JobHandlers):
         return answers
 
     async def _heartbeat_alone(
-        self, worker_id: str, request: pb.HeartbeatRequest, finished: list[pb.JobOutcome], hold_ms: int
+        self,
+        worker_id: str,
+        request: pb.HeartbeatRequest,
+        finished: list[pb.JobOutcome],
+        hold_ms: int,
+        usage: tuple[UsageRow, ...],
     ) -> pb.HeartbeatReply:
         """Record one heartbeat in a statement of its own (``record_heartbeat`` in schema.sql: one
-        round trip, one transaction), and its restart hold after it."""
+        round trip, one transaction), and its usage samples and restart hold after it."""
         held: object = None
         async with self.database("heartbeat") as conn:
             row = await conn.fetchrow(
@@ -187,6 +234,8 @@ class HeartbeatHandlers(JobHandlers):
                 *self._told_defaults(),
             )
             assert row is not None
+            if row["alive"]:
+                await record_usage(conn, worker_id, usage)
             newer: tuple[str | None, str | None, int | None] = (None, None, None)
             found = None
             if not row["alive"]:

@@ -13,7 +13,7 @@ import attrs
 
 from actors import dependencies, idempotency, queries
 from actors.ingest_gate import AdmittedService, run_in_slices
-from actors.ingest_replies import array_counts, attempt_info, job_events_reply, job_info
+from actors.ingest_replies import array_counts, attempt_info, job_events_reply, job_info, usage_now
 from protocol import pb, wire
 from protocol.wire import Encoded
 from runtime import faults, log, metrics
@@ -295,13 +295,26 @@ class JobHandlers(AdmittedService):
             Busy, DeadlineExceeded: the replica is busy; the rest waits for the next sweep.
             DatabaseUnavailable: the database failed.
         """
-        swept, s = 0, self.settings
+        retention_s = self.settings.idempotency_key_retention_s
+        return await self.sweep("sweep_idempotency_keys", queries.SWEEP_IDEMPOTENCY_KEYS, retention_s)
+
+    async def sweep_usage_samples(self) -> int:
+        """Delete the usage samples older than ``usage_retention_s``; returns how many; raises
+        as :meth:`sweep_idempotency_keys`."""
+        retention_s = self.settings.usage_retention_s
+        return await self.sweep("sweep_usage_samples", queries.SWEEP_USAGE_SAMPLES, retention_s)
+
+    async def sweep(self, call: str, sql: str, retention_s: float) -> int:
+        """Run the sweep statement ``sql`` (``$1`` retention in seconds, ``$2`` most rows; it
+        returns how many it deleted) as ``call`` until one deletes fewer than
+        ``idempotency_sweep_rows``; returns how many in all; raises as
+        :meth:`sweep_idempotency_keys`."""
+        swept, rows = 0, self.settings.idempotency_sweep_rows
         while True:
-            async with self.database("sweep_idempotency_keys") as conn:
-                sql = queries.SWEEP_IDEMPOTENCY_KEYS
-                count = int(await conn.fetchval(sql, s.idempotency_key_retention_s, s.idempotency_sweep_rows))
+            async with self.database(call) as conn:
+                count = int(await conn.fetchval(sql, retention_s, rows))
             swept += count
-            if count < s.idempotency_sweep_rows:
+            if count < rows:
                 return swept
 
     async def get_job(self, request: pb.GetJobRequest) -> pb.JobInfo:
@@ -312,9 +325,11 @@ class JobHandlers(AdmittedService):
             attempts = [] if row is None else await conn.fetch(queries.JOB_ATTEMPTS, request.job_id)
             array_id = None if row is None else row["array_id"]
             counts = [] if array_id is None else await conn.fetch(queries.ARRAY_COUNTS, array_id)
+            used = None if row is None else await conn.fetchval(queries.JOB_USAGE_NOW, request.job_id)
         if row is None:
             raise NotFound(f"job_id {request.job_id} not found")
         info = job_info(row, env_values=reads_env_values())
+        info.usage = usage_now(used)
         info.attempt_history = [attempt_info(a) for a in attempts]
         info.array_counts = array_counts(counts)
         return info

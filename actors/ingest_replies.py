@@ -7,6 +7,7 @@ requests it gets; no I/O.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -208,6 +209,15 @@ def worker_schedule_reply(row: Any) -> pb.WorkerScheduleReply:
     )
 
 
+def usage_now(value: Sequence[int] | None) -> pb.UsageNow | None:
+    """The newest usage sample from ``[cpu_millis, memory_mb, age in ms]`` (a ``usage_now`` of
+    :data:`actors.queries.STATUS_WORKERS` or :data:`actors.queries.JOB_USAGE_NOW`); None: none."""
+    if value is None:
+        return None
+    cpu_millis, memory_mb, age_ms = value
+    return pb.UsageNow(cpu_millis=cpu_millis, memory_mb=memory_mb, age_s=max(0, age_ms) / 1000)
+
+
 def _worker_info(r: Any) -> pb.WorkerInfo:
     """A ``WorkerInfo`` from a row of :data:`actors.queries.STATUS_WORKERS`."""
     return pb.WorkerInfo(
@@ -225,6 +235,7 @@ def _worker_info(r: Any) -> pb.WorkerInfo:
             for name, units in sorted(json.loads(r.get("resources") or "{}").items())
         ],
         resources_in_use=_units_in_use(r.get("units_in_use")),
+        usage=usage_now(r.get("usage_now")),
     )
 
 

@@ -63,6 +63,14 @@ def _keyed(path: Path) -> dict[str, int]:
         return {}
 
 
+def _number(path: Path) -> int | None:
+    """The one integer the cgroup file at ``path`` holds; None when it cannot be read."""
+    try:
+        return int(_read(path))
+    except (OSError, ValueError):
+        return None
+
+
 def _mkdir(folder: Path, *, exist_ok: bool = False) -> None:
     """Make the cgroup ``folder`` (a test's fake tree replaces this)."""
     try:
@@ -174,6 +182,7 @@ class Cgroup2Job:
             cpu_s=None if usec is None else usec / 1e6,
             throttled_periods=cpu.get("nr_throttled"),
             oom_kills=memory.get("oom_kill", 0),
+            memory_bytes=_number(self.folder / "memory.current"),
         )
 
     def remove(self) -> bool:
@@ -225,6 +234,9 @@ class Cgroup2Resources:
     def find(self, name: str) -> ConfinedJob | None:
         folder = self.worker_dir / name
         return Cgroup2Job(name=name, folder=folder) if folder.is_dir() else None
+
+    def jobs_usage(self) -> JobUsage:
+        return Cgroup2Job(name="", folder=self.worker_dir).usage()
 
     def remove_leftovers(self, keep: Collection[str] = ()) -> list[str]:
         found = [sub for sub in _subdirs(self.worker_dir) if sub.name not in keep]
@@ -297,13 +309,12 @@ class Cgroup1Job:
         return Confinement(cgroup_procs=tuple(str(f / "cgroup.procs") for f in _distinct(self.folders)))
 
     def usage(self) -> JobUsage:
-        cpu_s = None
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            cpu_s = int(_read(self.folders[ACCOUNTING] / "cpuacct.usage")) / 1e9
+        nanoseconds = _number(self.folders[ACCOUNTING] / "cpuacct.usage")
         return JobUsage(
-            cpu_s=cpu_s,
+            cpu_s=None if nanoseconds is None else nanoseconds / 1e9,
             throttled_periods=_keyed(self.folders["cpu"] / "cpu.stat").get("nr_throttled"),
             oom_kills=_keyed(self.folders["memory"] / "memory.oom_control").get("oom_kill", 0),
+            memory_bytes=_number(self.folders["memory"] / "memory.usage_in_bytes"),
         )
 
     def remove(self) -> bool:
@@ -368,6 +379,9 @@ class Cgroup1Resources:
     def find(self, name: str) -> ConfinedJob | None:
         folders = {c: w / name for c, w in self.worker_dirs.items()}
         return Cgroup1Job(name=name, folders=folders) if folders["memory"].is_dir() else None
+
+    def jobs_usage(self) -> JobUsage:
+        return Cgroup1Job(name="", folders=self.worker_dirs).usage()
 
     def remove_leftovers(self, keep: Collection[str] = ()) -> list[str]:
         found = [

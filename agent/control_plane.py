@@ -94,6 +94,8 @@ def to_pb(request: Registration | HeartbeatReport | Leave, message: type[M]) -> 
     now = trio.current_time()
     if isinstance(request, Registration):
         fields["resources"] = [pb.ResourceUnits(name=n, units=list(u)) for n, u in request.resources]
+    if isinstance(request, HeartbeatReport):
+        fields["usage"] = [pb.UsageSample(**attrs.asdict(s)) for s in request.usage]
     return message(**fields | {"finished": [outcome_to_pb(o, now=now) for o in request.finished]})
 
 

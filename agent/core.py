@@ -229,6 +229,8 @@ class Agent(Leaving):
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(self._heartbeat_loop)
                         nursery.start_soon(self._fence_watch)
+                        if self._usage is not None:
+                            nursery.start_soon(self._usage.run)
                         task_status.started(self)
                 finally:
                     stopping_since = trio.current_time()

@@ -65,6 +65,7 @@ class Heartbeating(Registering):
             incarnation,
             sent_at,
             tuple(self._unacked),
+            () if self._usage is None else self._usage.take(),
             restart_hold_ms=0 if self._restart_hold_s is None else round(self._restart_hold_s * 1000),
             waited_ms=round(self._heartbeat_waited_s * 1000),
         )

@@ -252,6 +252,25 @@ class Outcome:
     """Why it ended as it did, cut to :data:`MAX_OUTCOME_DETAIL_BYTES`."""
 
 
+WORKER_TOTAL = 0
+"""The ``assignment_id`` of a usage sample of all the worker's jobs together."""
+
+
+@attrs.frozen(kw_only=True)
+class UsageSample:
+    """What one job (or all the worker's jobs) used over the span that ends at its reading; the
+    ``UsageSample`` of the protocol."""
+
+    assignment_id: int
+    """The job's assignment; :data:`WORKER_TOTAL`: all the worker's jobs together."""
+    cpu_millis: int
+    """CPU used on average over the span, in millicores (1000 = one core busy all along)."""
+    memory_mb: int
+    """Memory held at the span's end, in MiB (rounded to the nearest)."""
+    span_ms: int
+    """The span the CPU is averaged over, in ms."""
+
+
 @attrs.frozen(kw_only=True)
 class HeartbeatReport:
     """A Heartbeat request."""
@@ -271,6 +290,8 @@ class HeartbeatReport:
     waited_ms: int = 0
     """The previous heartbeat's round trip, when it was sent while live and answered (ms; 0:
     not said): see ``HeartbeatRequest``."""
+    usage: tuple[UsageSample, ...] = ()
+    """What the running command jobs used lately (none most of the time): see ``UsageSample``."""
 
 
 @attrs.frozen(kw_only=True)

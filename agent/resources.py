@@ -121,6 +121,8 @@ class JobUsage:
     """CFS periods in which the quota held the job back."""
     oom_kills: int = 0
     """Processes of the job the kernel's OOM killer killed."""
+    memory_bytes: int | None = None
+    """Memory it holds now (``memory.current``; v1: ``memory.usage_in_bytes``), in bytes."""
 
 
 class ConfinedJob(Protocol):
@@ -160,6 +162,10 @@ class JobResources(Protocol):
     def find(self, name: str) -> ConfinedJob | None:
         """The confinement of a running job ``name``, or None (for measurements and tests)."""
 
+    def jobs_usage(self) -> JobUsage:
+        """What the worker's jobs' cgroups counted together, those that ended included (the
+        worker's own folder's counters); zeros and Nones without cgroups."""
+
     def remove_leftovers(self, keep: Collection[str] = ()) -> list[str]:
         """Remove the job cgroups an earlier life of this worker left (killing what still
         runs in them), but those named in ``keep``; return their paths."""
@@ -197,6 +203,9 @@ class RlimitResources:
 
     def find(self, name: str) -> ConfinedJob | None:
         return None
+
+    def jobs_usage(self) -> JobUsage:
+        return JobUsage()
 
     def remove_leftovers(self, keep: Collection[str] = ()) -> list[str]:
         return []

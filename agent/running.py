@@ -106,6 +106,12 @@ class RunningJobs:
         metrics server's): the copy of the jobs is taken in one step under the GIL."""
         return sum(1 for job in list(self._jobs.values()) if job.started)
 
+    def cgroup_names(self) -> dict[int, str]:
+        """The cgroup name of each job that started and has a folder (assignment id -> name:
+        its folder's, as :mod:`agent.runtimes` names the cgroup); a sleep or container job has no
+        cgroup of that name, and is not found there."""
+        return {aid: job.job_dir.name for aid, job in self._jobs.items() if job.started and job.job_dir}
+
     @property
     def running_assignment_ids(self) -> tuple[int, ...]:
         """Assignments whose jobs have started and not ended yet."""

@@ -22,11 +22,12 @@ from agent.dbclock import DatabaseClock
 from agent.fence import FENCE_DEADLINE_FILE, FenceClock, fence_after_s, monotonic_of, told_refusal
 from agent.identities import JobIdentities
 from agent.joblog import JobLog, LogEvent
-from agent.messages import HeartbeatReport, Outcome, StopReason
-from agent.resources import JobResources
+from agent.messages import WORKER_TOTAL, HeartbeatReport, Outcome, StopReason, UsageSample
+from agent.resources import JobResources, Mode
 from agent.running import RunningJobs
 from agent.runtimes import JobRunner, job_runner
 from agent.starts import StartLimiter
+from agent.usage import UsageReporter
 from runtime import log, metrics
 from runtime.backoff import FullJitterBackoff
 from runtime.os_users import RunAs
@@ -96,6 +97,16 @@ class AgentState(abc.ABC):
             resources=resources,
             logger=self._logger,
         )
+        self._usage = (
+            None
+            if resources is None or resources.mode is Mode.RLIMIT or not settings.usage_interval_s
+            else UsageReporter(
+                resources=resources,
+                interval_s=settings.usage_interval_s,
+                cgroup_names=self._jobs.cgroup_names,
+            )
+        )
+        """Measures the running command jobs for the heartbeats; None: not measured."""
         self._registered_once = trio.Event()
         self._takeover: adoption.TakeoverPlan | None = None  # until kept or stopped
         self._continued = trio.Event()  # the taken-over jobs' incarnation was continued
@@ -178,15 +189,25 @@ class AgentState(abc.ABC):
         self._fence.fence_after_s = fence_s
 
     def _heartbeat_report(
-        self, incarnation: int, sent_at: float, finished: tuple[Outcome, ...], **more: int
+        self,
+        incarnation: int,
+        sent_at: float,
+        finished: tuple[Outcome, ...],
+        usage: tuple[UsageSample, ...] = (),
+        **more: int,
     ) -> HeartbeatReport:
-        """The heartbeat of ``incarnation`` sent at trio time ``sent_at``, carrying ``finished``
-        and ``more`` (``restart_hold_ms``, ``waited_ms``): what runs, the newest epoch seen, its
-        order (``sent_monotonic_us``) and the dead_after the fence is derived from."""
+        """The heartbeat of ``incarnation`` sent at trio time ``sent_at``, carrying ``finished``,
+        ``usage`` (but the samples of jobs that ended since they were measured: a heartbeat
+        carries at most one per running assignment, and the worker's total) and ``more``
+        (``restart_hold_ms``, ``waited_ms``): what runs, the newest epoch seen, its order
+        (``sent_monotonic_us``) and the dead_after the fence is derived from."""
+        running = self.running_assignment_ids
+        kept = {WORKER_TOTAL, *running}
         return HeartbeatReport(
             worker_id=self.worker_id,
             incarnation=incarnation,
-            running_assignment_ids=self.running_assignment_ids,
+            running_assignment_ids=running,
+            usage=tuple(s for s in usage if s.assignment_id in kept),
             finished=finished,
             epoch_seen=self.max_epoch_seen,
             sent_monotonic_us=max(1, int(monotonic_of(sent_at) * 1e6)),

@@ -29,6 +29,13 @@ from actors.console.actions import ACTIONS, ConsoleActions
 from actors.console.login import TokenCheck
 from actors.console.parts import PageFn, PageStatus, Part, job_id_param, page_part, scope_of
 from actors.console.store import ConsoleStore, DatabaseDown
+from actors.console.usage import (
+    JOB_NO_USAGE,
+    USAGE_SAMPLES_SHOWN,
+    USAGE_SPAN_S,
+    WORKER_NO_USAGE,
+    usage_values,
+)
 from actors.logs import LogRelay
 from actors.queries import console as q
 from actors.queries import job_spec_of
@@ -338,7 +345,11 @@ class ConsoleApp:
         row, runs = await self.store.read(reads)
         if row is None:
             raise PageStatus(404, f"no worker {worker_id!r} has registered with this cluster")
-        return page_part("worker", worker=self._worker_view(row), runs=runs)
+        used = await self.store.read(
+            lambda conn: conn.fetchrow(q.CONSOLE_WORKER_USAGE, worker_id, USAGE_SPAN_S, USAGE_SAMPLES_SHOWN)
+        )
+        usage = usage_values(used, of="all its command jobs together", none=WORKER_NO_USAGE)
+        return page_part("worker", worker=self._worker_view(row), runs=runs, **usage)
 
     async def jobs(self, request: Request) -> Part:
         params = request.query_params
@@ -429,6 +440,9 @@ class ConsoleApp:
         except output.Unreadable as exc:
             outputs, output_note = [], str(exc)
         job = {key: value for key, value in row.items() if key != "env"}
+        used = await self.store.read(
+            lambda conn: conn.fetchrow(q.CONSOLE_JOB_USAGE, job_id, USAGE_SPAN_S, USAGE_SAMPLES_SHOWN)
+        )
         return page_part(
             "job",
             job=job,
@@ -437,6 +451,13 @@ class ConsoleApp:
             outputs=outputs,
             output_note=output_note,
             events=[views.event_of(r) for r in history],
+            **usage_values(
+                used,
+                of="its runs",
+                none=JOB_NO_USAGE,
+                cpu_asked_millis=spec.cpu_millis,
+                memory_asked_mb=spec.memory_mb,
+            ),
         )
 
     async def job_output(self, request: Request) -> Part:

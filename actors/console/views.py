@@ -10,7 +10,7 @@ import collections
 import datetime
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -21,16 +21,19 @@ from runtime.validation import JOB_STATES
 
 __all__ = [
     "Bar",
+    "ChartFrame",
     "PackingChart",
     "PackingRing",
     "PackingSample",
     "bar",
+    "chart_frame",
     "clock",
     "duration",
     "job_name",
     "labels_of",
     "packing_chart",
     "printable",
+    "time_ticks",
     "worker_state",
 ]
 
@@ -274,9 +277,9 @@ class PackingRing:
 
 
 @attrs.frozen(kw_only=True)
-class PackingChart:
-    """The geometry of the packing chart, in SVG user units: the plot spans ``x0..x1`` by
-    ``y0..y1`` (``y1`` at 0%, ``y0`` at 100%), one polyline per resource."""
+class ChartFrame:
+    """A chart's size and its plot's place, in SVG user units: the plot spans ``x0..x1`` by
+    ``y0..y1`` (``y1`` at the bottom of the scale, ``y0`` at its top)."""
 
     width: int
     height: int
@@ -284,6 +287,19 @@ class PackingChart:
     x1: int
     y0: int
     y1: int
+
+
+def chart_frame(width: int, height: int) -> ChartFrame:
+    """The frame of a chart ``width`` by ``height``, with room left for the ticks' labels (48
+    on the left, 28 below, 12 above and on the right)."""
+    return ChartFrame(width=width, height=height, x0=48, x1=width - 12, y0=12, y1=height - 28)
+
+
+@attrs.frozen(kw_only=True)
+class PackingChart(ChartFrame):
+    """The geometry of the packing chart (``y1`` at 0%, ``y0`` at 100%), one polyline per
+    resource."""
+
     cpu_points: str
     """``"x,y x,y ..."`` of the allocated CPU in percent of the capacity."""
     memory_points: str
@@ -309,13 +325,27 @@ def _percent(used: int, total: int) -> float:
     return 0.0 if total <= 0 else min(100.0, max(0.0, used * 100 / total))
 
 
+def time_ticks(
+    x_of: Callable[[float], float], now_unix_s: float, span_s: float
+) -> tuple[tuple[float, str], ...]:
+    """(x, label) of a chart's time axis over the ``span_s`` seconds up to ``now_unix_s``: at most
+    seven ticks, each labelled with how long before ``now_unix_s`` it is (``x_of`` places an
+    instant, in Unix seconds)."""
+    step_s = next((s for s in (30, 60, 120, 300, 600, 900, 1800, 3600) if span_s / s <= 6), 3600)
+    return tuple(
+        (x_of(now_unix_s - ago_s), "now" if ago_s == 0 else f"-{_ago(ago_s)}")
+        for ago_s in range(0, int(span_s) + 1, step_s)
+    )
+
+
 def packing_chart(
     samples: Sequence[PackingSample], *, now_unix_s: float, span_s: float, width: int = 720, height: int = 240
 ) -> PackingChart:
     """The chart of ``samples`` over the ``span_s`` seconds up to ``now_unix_s``: time runs
     left to right, the allocated share of the capacity (0 to 100%) bottom to top; samples older
     than the span are left out."""
-    x0, x1, y0, y1 = 48, width - 12, 12, height - 28
+    frame = chart_frame(width, height)
+    x0, x1, y0, y1 = frame.x0, frame.x1, frame.y0, frame.y1
 
     def x_of(unix_s: float) -> float:
         return x1 - (now_unix_s - unix_s) / span_s * (x1 - x0)
@@ -328,18 +358,9 @@ def packing_chart(
     def points(values: Iterable[tuple[float, float]]) -> str:
         return " ".join(f"{x_of(t):.1f},{y_of(p):.1f}" for t, p in values)
 
-    step_s = next((s for s in (30, 60, 120, 300, 600, 900, 1800, 3600) if span_s / s <= 6), 3600)
-    x_ticks = tuple(
-        (x_of(now_unix_s - ago_s), "now" if ago_s == 0 else f"-{_ago(ago_s)}")
-        for ago_s in range(0, int(span_s) + 1, step_s)
-    )
+    x_ticks = time_ticks(x_of, now_unix_s, span_s)
     return PackingChart(
-        width=width,
-        height=height,
-        x0=x0,
-        x1=x1,
-        y0=y0,
-        y1=y1,
+        **attrs.asdict(frame),
         cpu_points=points((s.unix_s, _percent(s.cpu_allocated_millis, s.cpu_capacity_millis)) for s in shown),
         memory_points=points(
             (s.unix_s, _percent(s.memory_allocated_mb, s.memory_capacity_mb)) for s in shown

@@ -150,3 +150,25 @@ SELECT coalesce(sum(w.cpu_millis), 0)::bigint AS cpu_capacity_millis,
   ) t ON true
  WHERE w.state = 'alive'
 """
+
+# A series of usage samples (docs/console.md, "Usage"), one row: the database's now and the
+# samples' instants (unix s), cpu_millis and memory_mb, oldest first: the newest $3 of those
+# recorded in the last $2 seconds that the WHERE clause between the two parts picks ($1).
+_USAGE_SERIES_HEAD = """
+SELECT extract(epoch FROM now())::float8 AS now_unix_s,
+       coalesce(array_agg(extract(epoch FROM s.at)::float8 ORDER BY s.at), '{}') AS unix_s,
+       coalesce(array_agg(s.cpu_millis ORDER BY s.at), '{}') AS cpu_millis,
+       coalesce(array_agg(s.memory_mb ORDER BY s.at), '{}') AS memory_mb
+  FROM (SELECT at, cpu_millis, memory_mb FROM usage_samples
+"""
+_USAGE_SERIES_TAIL = """
+           AND at > now() - make_interval(secs => $2::float8)
+         ORDER BY at DESC LIMIT $3) s
+"""
+
+# $1 job id, $2 span (s), $3 most samples: a job's samples, all its runs' (index usage_samples_by_job).
+CONSOLE_JOB_USAGE = _USAGE_SERIES_HEAD + "WHERE job_id = $1" + _USAGE_SERIES_TAIL
+
+# $1 worker id, $2 span (s), $3 most samples: the samples of all a worker's jobs together
+# (index usage_samples_by_worker).
+CONSOLE_WORKER_USAGE = _USAGE_SERIES_HEAD + "WHERE worker_id = $1 AND job_id IS NULL" + _USAGE_SERIES_TAIL

@@ -342,6 +342,24 @@ WITH swept AS (
 SELECT count(*) FROM swept
 """
 
+# $1 retention_s, $2 most rows. Deletes up to $2 usage samples recorded more than $1 seconds ago
+# (index usage_samples_by_age), skipping rows another replica's sweep holds; returns how many.
+SWEEP_USAGE_SAMPLES = """
+WITH swept AS (
+    DELETE FROM usage_samples
+     WHERE ctid IN (SELECT ctid FROM usage_samples
+                     WHERE at < now() - make_interval(secs => $1::float8)
+                     LIMIT $2 FOR UPDATE SKIP LOCKED)
+ RETURNING 1
+)
+SELECT count(*) FROM swept
+"""
+
+# The usage samples of a heartbeat recorded alone and alive, one per element (the function
+# record_usage in schema.sql): $1 worker ids, $2 assignment ids (0: all the worker's jobs
+# together), $3 cpu_millis, $4 memory_mb, $5 span_ms; returns how many were kept.
+RECORD_USAGE = "SELECT record_usage($1::text[], $2::bigint[], $3::int[], $4::int[], $5::int[])"
+
 # $1 id, $2 address, $3 cpu_millis, $4 memory_mb, $5 labels (json text), $6 agent run id, $7
 # registration number within that run, $8 the registration's sha256 (actors/idempotency.py), $9
 # the devices it offers (JSON {name: [unit, ...]}; docs/devices.md).
@@ -564,6 +582,26 @@ SELECT member, alive, skipped, stop_assignment_ids, newer_agent_run_id, newer_ad
   FROM record_heartbeats($1::text[], $2::bigint[], $3::bigint[], $4::int[], $5::bigint[], $6::int[],
                          $7, $8)
 """
+
+# RECORD_HEARTBEATS ($1 .. $8, its rows in member order) and, in the same statement, the usage
+# samples of the members it recorded alive (not skipped): $9 their member numbers (1-based, as
+# in $1), $10 assignment ids (0: the worker's jobs together), $11 cpu_millis, $12 memory_mb,
+# $13 span_ms (record_usage in schema.sql). A group whose heartbeats carry no sample runs
+# RECORD_HEARTBEATS alone.
+RECORD_HEARTBEATS_AND_USAGE = (
+    "WITH beats AS MATERIALIZED ("
+    + RECORD_HEARTBEATS
+    + """), samples AS (
+SELECT record_usage(array_agg(w.worker_id), array_agg(u.assignment_id), array_agg(u.cpu_millis),
+                    array_agg(u.memory_mb), array_agg(u.span_ms)) AS kept
+  FROM unnest($9::int[], $10::bigint[], $11::int[], $12::int[], $13::int[])
+       AS u (member, assignment_id, cpu_millis, memory_mb, span_ms)
+  JOIN beats b ON b.member = u.member AND b.alive AND NOT b.skipped
+  JOIN unnest($1::text[]) WITH ORDINALITY AS w (worker_id, member) ON w.member = u.member
+)
+SELECT b.* FROM beats b CROSS JOIN samples ORDER BY b.member
+"""
+)
 
 CURRENT_EPOCH = "SELECT epoch FROM lease WHERE id = 1"
 

@@ -230,6 +230,16 @@ WORKER_DEVICES = """CASE WHEN w.resources <> '{}'::jsonb THEN w.resources::text 
   LEFT JOIN assignments a ON a.worker_id = w.id AND a.state = 'active'
 """
 
+# $1 job id. The newest usage sample of its active run (index usage_samples_by_job), as
+# [cpu_millis, memory_mb, age in ms] (NULL, or no row: none); STATUS_WORKERS's usage_now is a
+# worker's (its jobs together, in the last minute).
+JOB_USAGE_NOW = """
+SELECT (SELECT ARRAY[s.cpu_millis, s.memory_mb, (extract(epoch FROM now() - s.at) * 1000)::int]
+          FROM usage_samples s WHERE s.job_id = a.job_id AND s.assignment_id = a.id
+         ORDER BY s.at DESC LIMIT 1)
+  FROM assignments a WHERE a.job_id = $1 AND a.state = 'active'
+"""
+
 STATUS_WORKERS = (
     """
 SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation,
@@ -242,6 +252,9 @@ SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation,
        coalesce(sum(a.memory_mb), 0)::bigint AS memory_allocated_mb,
        coalesce(array_agg(a.job_id ORDER BY a.job_id) FILTER (WHERE a.id IS NOT NULL), '{}')
            AS job_ids,
+       (SELECT ARRAY[s.cpu_millis, s.memory_mb, (extract(epoch FROM now() - s.at) * 1000)::int]
+          FROM usage_samples s WHERE s.worker_id = w.id AND s.job_id IS NULL
+           AND s.at > now() - interval '1 minute' ORDER BY s.at DESC LIMIT 1) AS usage_now,
 """
     + WORKER_DEVICES
     + " GROUP BY w.id ORDER BY w.id\n"

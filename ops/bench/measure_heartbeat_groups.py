@@ -2,11 +2,15 @@
 "Grouped heartbeats").
 
 Drives ``--workers`` simulated workers through the ingest's own Heartbeat handler (no gRPC)
-for ``--seconds``, with groups off and on (``--wait-s``), and prints per mode the statements,
-commits and database server CPU per heartbeat (read from /proc: a server on this machine only),
-this process's CPU, the handler's latency and the ``workers`` table's HOT updates::
+for ``--seconds``, with groups off and on (``--wait-s``), and, with ``--usage-every N``, grouped
+again with every Nth heartbeat of a worker carrying usage samples (one per running assignment
+and the worker's total, as an agent's every ``usage_interval_s``; docs/console.md, "Usage"); it
+prints per mode the statements, commits and database server CPU per heartbeat (read from /proc:
+a server on this machine only), this process's CPU, the handler's latency and the ``workers``
+table's HOT updates::
 
     python -m ops.bench.measure_heartbeat_groups [--database-url URL] [--workers 300] [--seconds 10]
+        [--usage-every 20]
 
 Without ``--database-url`` it starts an embedded PostgreSQL (fsync on) in a temporary folder.
 """
@@ -101,13 +105,34 @@ async def _setup(url: str, workers: int, running: int) -> list[pb.HeartbeatReque
         await pool.close()
 
 
+def with_usage(request: pb.HeartbeatRequest) -> pb.HeartbeatRequest:
+    """``request`` carrying a usage sample of each running assignment and of the whole worker."""
+    samples = [
+        pb.UsageSample(assignment_id=a, cpu_millis=1900, memory_mb=40, span_ms=5000)
+        for a in [*request.running_assignment_ids, 0]
+    ]
+    return pb.HeartbeatRequest(
+        worker_id=request.worker_id,
+        incarnation=request.incarnation,
+        running_assignment_ids=list(request.running_assignment_ids),
+        usage=samples,
+    )
+
+
 async def measure_mode(
-    url: str, requests: list[pb.HeartbeatRequest], *, wait_s: float, seconds: float, interval_s: float
+    url: str,
+    requests: list[pb.HeartbeatRequest],
+    *,
+    wait_s: float,
+    seconds: float,
+    interval_s: float,
+    usage_every: int = 0,
 ) -> dict[str, Any]:
     """Heartbeat every worker each ``interval_s`` for ``seconds`` through a fresh ingest service
-    with ``heartbeat_group_wait_s = wait_s``; what it cost. Its pool is closed before the
-    database's counts are read: a server process hands its statistics over when it ends (an
-    idle one may keep them up to 10 s)."""
+    with ``heartbeat_group_wait_s = wait_s``, every ``usage_every``-th heartbeat of a worker
+    carrying usage samples (0: none); what it cost. Its pool is closed before the database's
+    counts are read: a server process hands its statistics over when it ends (an idle one may
+    keep them up to 10 s)."""
     settings = IngestSettings(heartbeat_group_wait_s=wait_s)
     admin = await PgConnection.connect(url)
     try:
@@ -122,12 +147,13 @@ async def measure_mode(
             failures = [0]
 
             async def worker(request: pb.HeartbeatRequest, first_at: float, stop_at: float) -> None:
-                due = first_at
+                due, beats, used = first_at, random.randrange(max(1, usage_every)), with_usage(request)
                 while due < stop_at:
                     await trio.sleep_until(due)
+                    beats += 1
                     started = time.perf_counter()
                     try:
-                        await service.heartbeat(request)
+                        await service.heartbeat(used if usage_every and beats % usage_every == 0 else request)
                         latencies_s.append(time.perf_counter() - started)
                     except Exception:
                         failures[0] += 1
@@ -157,6 +183,7 @@ async def measure_mode(
     latencies_s.sort()
     return {
         "heartbeat_group_wait_s": wait_s,
+        "usage_every": usage_every,
         "heartbeats": count,
         "failed": failures[0],
         "statements_per_heartbeat": trips / count,
@@ -179,13 +206,21 @@ def main() -> None:
     parser.add_argument(
         "--wait-s", type=float, default=0.005, help="heartbeat_group_wait_s of the grouped run"
     )
+    parser.add_argument(
+        "--usage-every",
+        type=int,
+        default=0,
+        help="also run grouped with every Nth heartbeat of a worker carrying usage samples (0: not)",
+    )
     args = parser.parse_args()
+    modes = [(0.0, 0), (args.wait_s, 0), *([(args.wait_s, args.usage_every)] if args.usage_every > 0 else [])]
 
     async def run(url: str) -> list[dict[str, Any]]:
         requests = await _setup(url, args.workers, args.running)
+        common = {"seconds": args.seconds, "interval_s": args.interval_s}
         return [
-            await measure_mode(url, requests, wait_s=wait_s, seconds=args.seconds, interval_s=args.interval_s)
-            for wait_s in (0.0, args.wait_s)
+            await measure_mode(url, requests, wait_s=wait_s, usage_every=every, **common)
+            for wait_s, every in modes
         ]
 
     results = run_on_database(args.database_url, run)
@@ -195,7 +230,7 @@ def main() -> None:
         values = [r[key] for r in results]
         shown = [f"{v:14.3f}" if isinstance(v, float) else f"{v:14}" for v in values]
         print(f"  {key:32}" + "".join(shown))
-    single, grouped = results
+    single, grouped = results[:2]
     for key in ("statements_per_heartbeat", "commits_per_heartbeat"):
         if grouped[key] > 0:
             print(f"  {key} single / grouped: {single[key] / grouped[key]:.1f}x")

@@ -49,6 +49,7 @@ def print_job(info: Job, tails: list[OutputTail]) -> None:
         ("runtime", cut_line(runtime_text(spec))),
         ("cpu_millis", str(spec.cpu_millis) if spec else "-"),
         ("memory_mb", str(spec.memory_mb) if spec else "-"),
+        *((("used", info.usage.describe()),) if info.usage else ()),
         ("priority", str(spec.priority) if spec else "-"),
         # A job waiting to be placed again still names its last run's worker: say so.
         *(

@@ -122,6 +122,7 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
         "memory (MiB)",
         "labels",
         *(("devices",) if any(w.resources for w in status.workers) else ()),
+        *(("used",) if any(w.usage for w in status.workers) else ()),
         "jobs",
         *(("metrics",) if metrics else ()),
     ):
@@ -141,6 +142,7 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
             _bar(w.memory_allocated_mb, w.memory_mb, ""),
             Text(", ".join(f"{k}={v}" for k, v in w.labels) or "-"),
             *((worker_devices(w),) if any(x.resources for x in status.workers) else ()),
+            *((w.usage.describe() if w.usage else "-",) if any(x.usage for x in status.workers) else ()),
             _job_ids(list(w.job_ids)),
             *((metrics.get(w.id, "-"),) if metrics else ()),
         )
@@ -224,7 +226,9 @@ def job_status_json(info: Job) -> dict[str, Any]:
     first, :func:`attempt_json`), ``stdout_path`` and ``stderr_path`` (or null), ``owner`` (the
     account that submitted it, or null), ``gang`` (a gang's task: its gang's id, its rank, the
     gang's size, spread, state, attempts, failures and detail; or null), ``schedule`` and
-    ``schedule_slot_unix_s`` (a job a schedule fired: its name and the slot; or null).
+    ``schedule_slot_unix_s`` (a job a schedule fired: its name and the slot; or null),
+    ``usage`` ({cpu_millis, memory_mb, age_s}: what its current run used lately, from its
+    cgroup; or null).
     """
     return {
         "job_id": info.job_id,
@@ -250,6 +254,7 @@ def job_status_json(info: Job) -> dict[str, Any]:
         "gang": None if info.gang is None else attrs.asdict(info.gang),
         "schedule": info.schedule,
         "schedule_slot_unix_s": info.schedule_slot_unix_s,
+        "usage": None if info.usage is None else attrs.asdict(info.usage),
     }
 
 

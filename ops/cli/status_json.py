@@ -18,7 +18,8 @@ def status_json(status: ClusterStatus, metrics: dict[str, str] | None = None) ->
     ``workers`` ({id, state, cpu_millis, memory_mb, cpu_allocated_millis,
     memory_allocated_mb, jobs, cordoned, draining, drained, drain_deadline_unix_s (or null),
     labels (key -> value), unhealthy, unhealthy_reason and unhealthy_since_unix_s (null when
-    healthy), resources and resources_in_use (name -> unit ids)}), ``devices`` (resource name ->
+    healthy), resources and resources_in_use (name -> unit ids), usage ({cpu_millis, memory_mb,
+    age_s}: what its jobs used together lately; null: no sample)}), ``devices`` (resource name ->
     {in_use, offered}: the alive workers' units; docs/devices.md), ``jobs`` (counts keyed by
     state, every state), ``unschedulable`` ({job_id, reason}), ``heartbeat`` ({interval_s,
     dead_after_s, reason}; nulls when the control plane did not say) and ``metrics`` (id of a
@@ -50,6 +51,13 @@ def status_json(status: ClusterStatus, metrics: dict[str, str] | None = None) ->
                 "unhealthy_since_unix_s": w.unhealthy_since_unix_s,
                 "resources": {name: list(units) for name, units in w.resources},
                 "resources_in_use": {name: list(units) for name, units in w.resources_in_use},
+                "usage": None
+                if w.usage is None
+                else {
+                    "cpu_millis": w.usage.cpu_millis,
+                    "memory_mb": w.usage.memory_mb,
+                    "age_s": w.usage.age_s,
+                },
             }
             for w in status.workers
         ],

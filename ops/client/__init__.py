@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         JobHistory,
         LogChunk,
         Schedule,
+        Usage,
         Worker,
         WorkerSchedule,
     )
@@ -73,6 +74,7 @@ _HOMES: dict[str, str] = {
             "JobHistory",
             "LogChunk",
             "Schedule",
+            "Usage",
             "Worker",
             "WorkerSchedule",
         ),
@@ -125,6 +127,7 @@ __all__ = [
     "SleepRuntime",
     "StockadeError",
     "Unavailable",
+    "Usage",
     "WaitTimedOut",
     "Worker",
     "WorkerNotFound",

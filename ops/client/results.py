@@ -111,6 +111,8 @@ class Job:
     """The schedule that fired it (docs/schedules.md); None: none (or it was removed)."""
     schedule_slot_unix_s: float | None = None
     """The slot of :attr:`schedule` it was fired for (Unix s); None: not fired by a schedule."""
+    usage: Usage | None = None
+    """What its current run used lately; None: no sample (not running, or not measured)."""
 
     @property
     def ended(self) -> bool:
@@ -237,6 +239,23 @@ class ControlPlane:
 
 
 @attrs.frozen(kw_only=True)
+class Usage:
+    """What a running job, or all of a worker's command jobs together, used lately: the newest
+    sample its worker reported from their cgroups (docs/console.md, "Usage")."""
+
+    cpu_millis: int
+    """CPU used on average over the sample's span, in millicores (1000 = one core busy)."""
+    memory_mb: int
+    """Memory held at the sample's end, in MiB."""
+    age_s: float
+    """How long before the reply the sample was recorded (database time), in seconds."""
+
+    def describe(self) -> str:
+        """``1.93 cores, 41 MiB, 3 s ago``."""
+        return f"{self.cpu_millis / 1000:.2f} cores, {self.memory_mb:,} MiB, {self.age_s:.0f} s ago"
+
+
+@attrs.frozen(kw_only=True)
 class Worker:
     """One worker as the cluster sees it."""
 
@@ -280,6 +299,8 @@ class Worker:
     """The countable devices it offers, (name, unit ids), sorted by name (docs/devices.md)."""
     resources_in_use: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """Those of its units its active assignments hold, (name, unit ids), sorted by name."""
+    usage: Usage | None = None
+    """What its command jobs used together lately; None: no sample in the last minute."""
 
 
 @attrs.frozen(kw_only=True)
@@ -482,6 +503,7 @@ def job_from_pb(message: pb.JobInfo) -> Job:
         array_counts=tuple((c.state, int(c.count)) for c in message.array_counts),
         attempt_history=tuple(attempt_from_pb(a) for a in message.attempt_history),
         gang=None if message.gang is None else _from_pb(JobGang, message.gang),
+        usage=usage_from_pb(message.usage),
     )
 
 
@@ -546,7 +568,13 @@ def worker_from_pb(message: pb.WorkerInfo) -> Worker:
         labels=tuple(sorted(message.labels.items())),
         resources=_units(message.resources),
         resources_in_use=_units(message.resources_in_use),
+        usage=usage_from_pb(message.usage),
     )
+
+
+def usage_from_pb(message: pb.UsageNow | None) -> Usage | None:
+    """A ``UsageNow`` message as a :class:`Usage`; None: none said."""
+    return None if message is None else _from_pb(Usage, message)
 
 
 def _units(held: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:

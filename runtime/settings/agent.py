@@ -296,6 +296,10 @@ class AgentSettings:
     )
     """The most processes (and threads) one command job may have at once, enforced by its
     cgroup (``pids.max``); a fork past it fails (``EAGAIN``). Not enforced in ``rlimit`` mode."""
+    usage_interval_s: float = attrs.field(default=5.0, validator=non_negative)
+    """How often the agent measures what its running command jobs use (CPU and memory, from
+    their cgroups), in seconds; the next heartbeat carries the samples (docs/console.md,
+    "Usage"). 0: never (also without cgroups: ``rlimit`` mode counts nothing)."""
     job_resources: str = attrs.field(default=AUTO)
     """How command jobs' ``cpu_millis`` and ``memory_mb`` are enforced (:mod:`agent.resources`):
     ``auto`` (cgroup2 where the unified hierarchy offers the cpu, memory and pids controllers,

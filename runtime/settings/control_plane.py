@@ -100,10 +100,13 @@ class IngestSettings:
     seconds (24 h, as Stripe keeps its keys): a copy arriving within it gets the first answer,
     a later one is a new call (:mod:`actors.idempotency`)."""
     idempotency_sweep_interval_s: float = attrs.field(default=10.0, validator=positive)
-    """How often each replica deletes expired idempotency keys, in seconds."""
+    """How often each replica deletes expired idempotency keys and usage samples, in seconds."""
     idempotency_sweep_rows: int = attrs.field(default=5_000, validator=positive)
-    """Most keys one delete statement of the sweep removes (a pass runs statements until one
-    removes fewer, or the service is busy)."""
+    """Most keys (or usage samples) one delete statement of the sweep removes (a pass runs
+    statements until one removes fewer, or the service is busy)."""
+    usage_retention_s: float = attrs.field(default=3_600.0, validator=positive)
+    """How long the usage samples workers report with their heartbeats are kept, in seconds
+    (docs/console.md, "Usage"): the span the console's job and worker pages can draw."""
     max_log_streams: int = attrs.field(default=64, validator=positive)
     """Job output streams (ReadJobLogs) one replica relays at once; one more is refused
     ("busy", another replica may take it)."""

@@ -36,6 +36,17 @@ def stockade(config: ClusterConfig, command: str, *args: str) -> subprocess.Comp
     )
 
 
+def cgroups_mode(config: ClusterConfig) -> str:
+    """The resources label (``cgroup2`` or ``cgroup1``) of the cluster's first worker, as
+    `status --json` shows it; the test skips, saying why, where the workers found no cgroups."""
+    status = stockade(config, "status", "--json")
+    assert status.returncode == 0, status.stderr
+    mode = str(json.loads(status.stdout)["workers"][0]["labels"]["resources"])
+    if mode == "rlimit":
+        pytest.skip("the workers found no usable cgroups on this machine (resources=rlimit)")
+    return mode
+
+
 def test_a_job_over_its_memory_ends_failed_with_reason_oom_killed(
     launch: Launch,  # noqa: F811 (the fixture imported above)
 ) -> None:
@@ -44,12 +55,7 @@ def test_a_job_over_its_memory_ends_failed_with_reason_oom_killed(
     that reason."""
     _, ready = launch(1, 1)
     config = ready.config
-    status = stockade(config, "status", "--json")
-    assert status.returncode == 0, status.stderr
-    labels = json.loads(status.stdout)["workers"][0]["labels"]
-    if labels["resources"] == "rlimit":
-        pytest.skip("the workers found no usable cgroups on this machine (resources=rlimit)")
-    assert labels["resources"] in ("cgroup2", "cgroup1")
+    assert cgroups_mode(config) in ("cgroup2", "cgroup1")
 
     submitted = stockade(
         config,

@@ -61,6 +61,7 @@ STATUS_KEYS = [
     "gang",
     "schedule",
     "schedule_slot_unix_s",
+    "usage",
 ]
 """The keys of a job's ``status``, in order (documented in ``ops.cli.render.job_status_json``)."""
 
@@ -165,6 +166,7 @@ def test_job_json_is_a_job_file_with_a_status(answers: list[tuple[str, Any]]) ->
         "gang": None,
         "schedule": None,
         "schedule_slot_unix_s": None,
+        "usage": None,
     }
     assert answers == [("get_job", pb.GetJobRequest(job_id=7))]
 

@@ -145,6 +145,11 @@ WORKER_OPTIONS: dict[str, Option] = {
         f"{MAX_JOB_PIDS}; its cgroup's pids.max: not enforced in rlimit mode).",
     ),
     **_agent(
+        "usage_interval_s",
+        help="Measure what the running command jobs use (CPU and memory, from their cgroups) this "
+        "often, seconds; the next heartbeat carries it to the console's job and worker pages. 0: never.",
+    ),
+    **_agent(
         "job_resources",
         help=f"How command jobs' cpu_millis and memory_mb are enforced ({', '.join(JOB_RESOURCES_CHOICES)}): "
         "auto takes cgroup2, else cgroup1, else rlimit (RLIMIT_AS only); a mode named must work "

@@ -140,6 +140,11 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         "seconds: a retry within it gets the first answer, a copy after it is a new call.",
     ),
     **_ingest(
+        "usage_retention_s",
+        help="Keep the usage samples workers report (their jobs' CPU and memory, drawn on the "
+        "console's job and worker pages) this long, seconds.",
+    ),
+    **_ingest(
         "max_log_streams",
         help="Job output streams (stockade logs) this replica relays at once; one more is "
         "answered 'busy' (another replica takes it).",

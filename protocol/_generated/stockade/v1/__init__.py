@@ -67,6 +67,8 @@ __all__ = (
     "SubmitJobsReply",
     "SubmitJobsRequest",
     "UncordonWorkerRequest",
+    "UsageNow",
+    "UsageSample",
     "WorkerBase",
     "WorkerInfo",
     "WorkerScheduleReply",
@@ -694,6 +696,14 @@ class HeartbeatRequest(betterproto2.Message):
     a call given up on or sent while paused, an older agent).
     """
 
+    usage: "list[UsageSample]" = betterproto2.field(10, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    What the worker's command jobs used lately, measured by their cgroups every
+    usage_interval_s (docs/console.md, "Usage"): one sample per running job measured, and one
+    of all its jobs together (assignment_id 0). Most heartbeats carry none; absent: no sample
+    (an older agent, a worker without cgroups). At most one per running assignment, plus one.
+    """
+
 
 default_message_pool.register_message("stockade.v1", "HeartbeatRequest", HeartbeatRequest)
 
@@ -934,6 +944,12 @@ class JobInfo(betterproto2.Message):
     """
 
     schedule_slot_unix_s: "float" = betterproto2.field(72, betterproto2.TYPE_DOUBLE)
+
+    usage: "UsageNow | None" = betterproto2.field(73, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    What its current run used, as its worker's newest sample told (docs/console.md, "Usage");
+    unset: no sample (not running, no cgroups, or none reported yet).
+    """
 
 
 default_message_pool.register_message("stockade.v1", "JobInfo", JobInfo)
@@ -1863,6 +1879,56 @@ default_message_pool.register_message("stockade.v1", "UncordonWorkerRequest", Un
 
 
 @dataclass(eq=False, repr=False)
+class UsageNow(betterproto2.Message):
+    """
+    The newest usage sample of a job or a worker (UsageSample, as recorded).
+    """
+
+    cpu_millis: "int" = betterproto2.field(1, betterproto2.TYPE_UINT32)
+
+    memory_mb: "int" = betterproto2.field(2, betterproto2.TYPE_UINT32)
+
+    age_s: "float" = betterproto2.field(3, betterproto2.TYPE_DOUBLE)
+    """
+    How long ago it was recorded (database time), in seconds.
+    """
+
+
+default_message_pool.register_message("stockade.v1", "UsageNow", UsageNow)
+
+
+@dataclass(eq=False, repr=False)
+class UsageSample(betterproto2.Message):
+    """
+    What one running job (or all of a worker's jobs) used over the span that ends as its
+    heartbeat is sent.
+    """
+
+    assignment_id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
+    """
+    The job's assignment (listed in running_assignment_ids); 0: all the worker's jobs together.
+    """
+
+    cpu_millis: "int" = betterproto2.field(2, betterproto2.TYPE_UINT32)
+    """
+    The CPU it used on average over the span, in millicores (1000 = one core busy all along).
+    """
+
+    memory_mb: "int" = betterproto2.field(3, betterproto2.TYPE_UINT32)
+    """
+    The memory it held at the span's end (its cgroup's memory.current), in MiB.
+    """
+
+    span_ms: "int" = betterproto2.field(4, betterproto2.TYPE_UINT32)
+    """
+    The span the CPU is averaged over, in ms (the time between two readings).
+    """
+
+
+default_message_pool.register_message("stockade.v1", "UsageSample", UsageSample)
+
+
+@dataclass(eq=False, repr=False)
 class WorkerInfo(betterproto2.Message):
     id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -1932,6 +1998,11 @@ class WorkerInfo(betterproto2.Message):
     """
 
     resources_in_use: "list[ResourceUnits]" = betterproto2.field(61, betterproto2.TYPE_MESSAGE, repeated=True)
+
+    usage: "UsageNow | None" = betterproto2.field(62, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    What its jobs used together, as its newest sample told (unset: none lately).
+    """
 
 
 default_message_pool.register_message("stockade.v1", "WorkerInfo", WorkerInfo)
