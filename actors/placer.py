@@ -17,7 +17,7 @@ import attrs
 import trio
 
 from actors.fair_share import AccountShare
-from actors.gangs import GangQueue
+from actors.gang_queue import GangQueue
 from actors.messages import (
     CommitPlacements,
     CommittedAssignment,
@@ -174,7 +174,7 @@ class Placer(FencedWrites):
                 s.worker_fresh_s, self._mark, s.max_jobs_per_round
             )
         if full or waiting:
-            # A gang's tasks wait in the gang queue, placed only whole (actors/gangs.py).
+            # A gang's tasks wait in the gang queue, placed only whole (actors/gang_queue.py).
             tasks = [(w.job, w.gang, w.reason) for w in waiting if w.gang is not None]
             if tasks or full:
                 (self.gangs.replace if full else self.gangs.add)(

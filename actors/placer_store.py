@@ -15,7 +15,7 @@ import trio
 
 from actors import queries
 from actors.fair_share import AccountShare
-from actors.gangs import GangTask
+from actors.gang_queue import GangTask
 from actors.messages import WorkerRef
 from actors.pending_queue import PendingJob
 from actors.preemption import Running, Shares
@@ -60,7 +60,7 @@ class WaitingJob:
     reason: str
     wait_s: float = 0.0
     gang: GangTask | None = None
-    """A gang's task: placed only with all of its gang's tasks (actors/gangs.py); None: a job."""
+    """A gang's task: placed only with all of its gang's tasks (actors/gang_queue.py); None: a job."""
 
 
 @attrs.frozen(kw_only=True)

@@ -14,9 +14,9 @@ import attrs
 import numpy as np
 
 from actors.fair_share import AccountShare
+from actors.gang_queue import PendingGang
 from actors.gangs import (
     GangPlan,
-    PendingGang,
     gangs_by_priority,
     gangs_in_fair_order,
     joined,

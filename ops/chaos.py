@@ -20,22 +20,14 @@ import trio
 
 from ops import certs as certs_module
 from ops import checker, faults
+from ops.chaos_workload import Workload, sample_devices, sample_partial_gangs
 from ops.chaosresult import (
     CHAOS_GPUS_PER_WORKER,
     CHAOS_PREEMPT_COOLDOWN_S,
     CHAOS_PREEMPT_GRACE_S,
     CHAOS_SCHEDULE_DEADLINE_S,
     CHAOS_SCHEDULE_NAME,
-    DEVICE_JOB_DURATION_S,
-    DEVICE_JOB_GPUS,
-    FAILING_MAX_ATTEMPTS,
     FINISH_PROGRESS_EVERY_S,
-    GANG_EVERY,
-    GANG_MAX_ATTEMPTS,
-    GANG_SAMPLE_EVERY_S,
-    HIGH_PRIORITY,
-    HIGH_PRIORITY_EVERY,
-    PREEMPTION_JOB_DURATION_S,
     ChaosResult,
     ChaosSettings,
 )
@@ -51,12 +43,6 @@ from runtime.aio import asyncio_bridge
 from runtime.client import ControlPlaneClient
 from runtime.errors import StockadeError
 from runtime.text import read_jsonl
-from runtime.tls import TlsFiles
-
-GANG_DEVICE_SHARE = 0.5
-"""With ``devices``, the share of chaos gangs whose tasks ask gpu."""
-GANG_TASK_GPUS = (1, 2)
-"""The gpu each task of such a gang asks: uniform, inclusive."""
 
 
 @attrs.define
@@ -71,14 +57,12 @@ class Harness:
     _rng: random.Random = attrs.field(init=False)
     _links: dict[str, Link] = attrs.field(factory=dict)
     """Each worker's proxies (a cluster of processes); the workers, for one in containers."""
-    _submitted: int = 0
-    _acknowledged: list[int] = attrs.field(factory=list)
-    """Job ids the control planes acknowledged submissions with."""
-    _expected: dict[int, str] = attrs.field(factory=dict)
-    """Job id -> the final state it must reach (jobs made to fail: failed; others: succeeded)."""
+    _workload: Workload = attrs.field(init=False)
+    """The jobs it submits (drawing from the same ``_rng``)."""
 
     def __attrs_post_init__(self) -> None:
         self._rng = random.Random(self.settings.seed)
+        self._workload = Workload(settings=self.settings, result=self.result, rng=self._rng)
 
     @property
     def state(self) -> StateDir:
@@ -115,10 +99,11 @@ class Harness:
             history,
             [self.state.work_dir(w.id) for w in config.workers],
             faults,
-            acknowledged_job_ids=self._acknowledged,
-            expected_final_states=self._expected,
+            acknowledged_job_ids=self._workload.acknowledged,
+            expected_final_states=self._workload.expected,
         )
-        self.result.jobs_made_to_fail = sum(1 for state in self._expected.values() if state == "failed")
+        expected = self._workload.expected
+        self.result.jobs_made_to_fail = sum(1 for state in expected.values() if state == "failed")
         self.result.placement_recoveries_s = checker.placement_recoveries_s(history.assignments, faults)
         self.result.failover_placements_s = checker.placement_recoveries_s(
             history.assignments, faults, kind="db_failover"
@@ -137,7 +122,9 @@ class Harness:
         try:
             async with trio.open_nursery() as sampling:
                 if s.devices:
-                    sampling.start_soon(self._sample_devices, finished)
+                    sampling.start_soon(
+                        sample_devices, self.cluster.config().database_url, self.result, finished
+                    )
                 await self._inject_then_wait(client, addresses)
                 finished.set()
         finally:
@@ -150,9 +137,14 @@ class Harness:
             await self._add_schedule(client)
             async with trio.open_nursery() as nursery:
                 stop_submitting = trio.Event()
-                nursery.start_soon(self._submit, addresses, stop_submitting)
+                config = self.cluster.config()
+                nursery.start_soon(
+                    self._workload.submit, addresses, config.client_tls, self.state.cert_dir, stop_submitting
+                )
                 if s.gangs:
-                    nursery.start_soon(self._sample_partial_gangs, stop_submitting)
+                    nursery.start_soon(
+                        sample_partial_gangs, config.database_url, self.result, stop_submitting
+                    )
                 kill_worker_at = self._spread(s.worker_kills)
                 restart_worker_at = self._spread(s.worker_restarts, offset=1)
                 partition_at = self._spread(s.partitions)
@@ -198,7 +190,7 @@ class Harness:
     def _line(self, done: int) -> str:
         last = self.result.failovers[-1] if self.result.failovers else None
         what = f"{last.kind} of {last.leader}: new leader in {last.seconds:.2f} s" if last else ""
-        return f"step {done}/{self._steps()}  {what}  jobs submitted {self._submitted}"
+        return f"step {done}/{self._steps()}  {what}  jobs submitted {self._workload.submitted}"
 
     def fresh_cluster(self) -> None:
         self.cluster.down()
@@ -237,11 +229,8 @@ class Harness:
         config = self.cluster.config()
         if self.settings.accounts < 2 or config.client_tls is None:
             return
-        for name in self._account_names():
+        for name in self._workload.account_names():
             certs_module.issue(self.state.cert_dir, role="user", id=name)
-
-    def _account_names(self) -> list[str]:
-        return [f"chaos-{k}" for k in range(1, self.settings.accounts + 1)]
 
     def _steps(self) -> int:
         """Steps of the run: one per failover, and at least two per fault of any kind (a run
@@ -392,97 +381,6 @@ class Harness:
 
     # ------------------------------------------------------------ jobs
 
-    async def _submit(self, addresses: Sequence[str], stop: trio.Event) -> None:
-        s = self.settings
-        config = self.cluster.config()
-        tls = config.client_tls
-        if s.accounts > 1 and tls is not None:
-            operator = ControlPlaneClient(addresses, timeout_s=2.0, tls=tls)
-            try:
-                for k, name in enumerate(self._account_names()):
-                    with contextlib.suppress(StockadeError):
-                        await operator.call(
-                            "set_account",
-                            pb.SetAccountRequest(
-                                name=name,
-                                has_weight=True,
-                                weight=float(1 + k % 3),
-                                has_max_priority=True,
-                                max_priority=HIGH_PRIORITY,
-                            ),
-                        )
-            finally:
-                operator.close()
-            clients = [
-                ControlPlaneClient(addresses, timeout_s=2.0, tls=TlsFiles.in_dir(self.state.cert_dir, name))
-                for name in self._account_names()
-            ]
-        else:
-            clients = [ControlPlaneClient(addresses, timeout_s=2.0, tls=tls)]
-        try:
-            await self._submit_as(clients, stop)
-        finally:
-            for client in clients:
-                client.close()
-
-    async def _submit_as(self, clients: Sequence[ControlPlaneClient], stop: trio.Event) -> None:
-        s = self.settings
-        interval = 1.0 / s.submit_rate_per_s
-        next_at = trio.current_time()
-        while not stop.is_set():
-            # With preemption, larger and longer jobs keep the cluster full, so the jobs of
-            # priority 10 often fit nowhere.
-            low, high = PREEMPTION_JOB_DURATION_S if s.preemption else s.job_duration_s
-            duration_s = self._rng.uniform(low, high)
-            fails = self._rng.random() < s.failing_share
-            gang = s.gangs and (self._submitted + 1) % GANG_EVERY == 0
-            spec = pb.JobSpec(
-                name=f"chaos-{self._submitted + 1}",
-                cpu_millis=self._rng.choice([1000, 2000, 4000] if s.preemption else [100, 250, 500, 1000]),
-                memory_mb=self._rng.choice([64, 128, 256, 512]),
-            )
-            if s.devices and self._rng.random() < s.device_share:
-                # A device job: 1 to 4 of a worker's 8 fake gpu, running longer.
-                spec.resources = [pb.ResourceCount(name="gpu", count=self._rng.randint(*DEVICE_JOB_GPUS))]
-                duration_s = self._rng.uniform(*DEVICE_JOB_DURATION_S)
-            if s.preemption and (self._submitted + 1) % HIGH_PRIORITY_EVERY == 0:
-                spec.cpu_millis, spec.priority = 4000, HIGH_PRIORITY
-            client = clients[self._submitted % len(clients)]
-            if fails:
-                # A job made to fail: retried once, it must end failed, both runs spent.
-                spec.command = pb.CommandRuntime(argv=["sh", "-c", f"sleep {duration_s:.2f}; exit 3"])
-                spec.max_attempts = FAILING_MAX_ATTEMPTS
-                spec.retry_backoff_ms = 200
-            else:
-                spec.sleep = pb.SleepRuntime(duration_ms=int(1000 * duration_s))
-            if gang:
-                # A gang of sleep tasks that may meet worker kills: its final state is not judged
-                # by the submitter (each kill of one of its workers spends an attempt).
-                fails = False
-                spec.sleep = pb.SleepRuntime(duration_ms=int(1000 * duration_s))
-                spec.command = None
-                spec.tasks = self._rng.randint(2, 8)
-                # Spread only where the workers left after a kill hold it (else it waits for the
-                # killed worker's return, which a run with few workers may outlast).
-                spec.spread = self.result.gangs_submitted % 2 == 0 and spec.tasks < s.workers
-                spec.max_attempts = GANG_MAX_ATTEMPTS
-                # With devices, some gangs ask 1 or 2 gpu for each task (docs/gangs.md, "Devices").
-                asks_gpu = s.devices and self._rng.random() < GANG_DEVICE_SHARE
-                gpus = self._rng.randint(*GANG_TASK_GPUS) if asks_gpu else 0
-                spec.resources = [pb.ResourceCount(name="gpu", count=gpus)] if gpus else []
-            try:
-                reply = await client.call("submit_job", pb.SubmitJobRequest(spec=spec))
-                self._submitted += 1
-                self._acknowledged.append(int(reply.job_id))
-                if gang:
-                    self.result.gangs_submitted += 1
-                else:
-                    self._expected[int(reply.job_id)] = "failed" if fails else "succeeded"
-            except StockadeError:
-                pass  # no replica answered this once (one may be frozen): try the next
-            next_at += interval
-            await trio.sleep_until(max(next_at, trio.current_time()))
-
     async def _add_schedule(self, client: ControlPlaneClient) -> None:
         """Add the run's schedule (``schedule_every_s``), unless 0."""
         every_s = self.settings.schedule_every_s
@@ -521,30 +419,6 @@ class Harness:
             except StockadeError:
                 await trio.sleep(0.5)  # no replica answered (one may be frozen): again
         raise FaultError("the chaos schedule could not be paused")
-
-    async def _sample_devices(self, stop: trio.Event) -> None:
-        """Every half second until ``stop`` (every job finished): the gpu in use and offered by the
-        alive workers and the gpu jobs waiting, from the database in one snapshot
-        (:func:`ops.checker.device_use`; a read the database does not answer is skipped)."""
-        database_url = self.cluster.config().database_url
-        while not stop.is_set():
-            with contextlib.suppress(StockadeError):
-                self.result.device_samples.append(await checker.device_use(database_url))
-            with trio.move_on_after(0.5):
-                await stop.wait()
-
-    async def _sample_partial_gangs(self, stop: trio.Event) -> None:
-        """Read the view ``partial_gangs`` every :data:`GANG_SAMPLE_EVERY_S` until ``stop``,
-        counting the reads and those that found a partial gang (docs/gangs.md); a read the
-        database does not answer (it may be restarting) is skipped."""
-        database_url = self.cluster.config().database_url
-        while not stop.is_set():
-            with contextlib.suppress(StockadeError):
-                found = await checker.partial_gangs(database_url)
-                self.result.gang_samples += 1
-                self.result.samples_with_partial_gangs += found > 0
-            with trio.move_on_after(GANG_SAMPLE_EVERY_S):
-                await stop.wait()
 
     async def _wait_finished(self, client: ControlPlaneClient) -> None:
         """Wait until no job is pending, assigned or running, for as long as jobs keep ending:

@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 from rich.console import Group
 
-from ops import checker
+from ops.checker_report import CheckReport, details_lines, report_rows
 from ops.faults import Failover
 from ops.tables import VerdictRow, seconds_text, verdict_table
 
@@ -177,7 +177,7 @@ class ChaosResult:
     """Reads of the view ``partial_gangs`` during the run."""
     samples_with_partial_gangs: int = 0
     """Of those, the reads that found a partial gang holding resources (must be 0)."""
-    report: checker.CheckReport | None = None
+    report: CheckReport | None = None
     jobs_made_to_fail: int = 0
     """Jobs submitted to fail (:attr:`ChaosSettings.failing_share`): each must end failed."""
     duration_s: float = 0.0
@@ -325,7 +325,7 @@ def chaos_table(result: ChaosResult) -> Group:
     kills_text = f"{result.worker_kills} ({result.worker_kills_continued})"
     rows: list[VerdictRow] = [
         ("failovers (killed, frozen)", f"{len(kills)}, {len(freezes)}", None),
-        *(checker.report_rows(result.report) if result.report is not None else []),
+        *(report_rows(result.report) if result.report is not None else []),
         *_device_rows(result),
         ("failover_kill_p50_s / max", _p50_max_text(kills), None),
         ("failover_freeze_p50_s / max", _p50_max_text(freezes), None),
@@ -370,7 +370,7 @@ def chaos_table(result: ChaosResult) -> Group:
             ("db_failovers", str(len(result.db_failovers)), None),
         ]
     rows.append(("duration", f"{round(result.duration_s, 1)} s", None))
-    return Group(verdict_table(rows), *checker.details_lines(result.details))
+    return Group(verdict_table(rows), *details_lines(result.details))
 
 
 def _p50_max_text(values: Sequence[float]) -> str:

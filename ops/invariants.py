@@ -10,7 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from ops.checker import (
+from ops.checker import kill_times
+from ops.checker_records import (
     FAULT_SLACK_S,
     FENCE_REASONS,
     KILL_TAKES_S,
@@ -19,15 +20,14 @@ from ops.checker import (
     REPORT_SLACK_S,
     SCHEDULE_SLACK_S,
     AssignmentRecord,
-    CheckReport,
     DeathRecord,
     FaultEvent,
     History,
     Run,
     ScheduleRecord,
     SlotRecord,
-    kill_times,
 )
+from ops.checker_report import CheckReport
 
 
 def schedule_slot_errors(

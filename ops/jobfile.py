@@ -21,21 +21,26 @@ import dataclasses
 import datetime as dt
 import os
 import re
-import tomllib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ops.jobfields import FIELDS, STATUS_KEY, spec_of_table, unknown_fields_message
+from ops.jobfile_syntax import (
+    TOML_HEADER,
+    TOML_KEY,
+    JobFileError,
+    Lines,
+    Path_,
+    toml_document,
+    yaml_document,
+)
 from runtime.errors import InvalidArgument
 from runtime.jobs import JobSpec
 from runtime.validation import PipelineError, pipeline_order
 
 MAX_JOB_FILE_BYTES = 1024 * 1024
 """Largest job file, in bytes (1 MiB: 10,000 jobs of 100 bytes each), refused before parsing."""
-MAX_NESTING = 16
-"""Deepest nesting of tables and lists in a job file (``job[i].env`` is 3 levels)."""
-_TOO_DEEP = f"a job file must nest at most {MAX_NESTING} levels deep"
 MAX_FILE_JOBS = 10_000
 """Most jobs of one file: one SubmitJobs call (``runtime.validation.MAX_BATCH_JOBS``), all or none."""
 JOBS_KEY = "job"
@@ -50,10 +55,6 @@ SCHEDULE_FIELDS = ("name", "cron", "tz", "concurrency_policy", "starting_deadlin
 MAX_FILE_SCHEDULES = 100
 """Most schedules of one file."""
 
-Path_ = tuple[str | int, ...]
-"""Where a value sits in one job: ``()`` the job, ``("env",)`` a field, ``("env", "HOME")`` or
-``("constraints", 2)`` a part of one."""
-
 
 @dataclasses.dataclass(frozen=True)
 class FileSchedule:
@@ -67,40 +68,7 @@ class FileSchedule:
     job: JobSpec
 
 
-class JobFileError(InvalidArgument):
-    """A job file that cannot be submitted; nothing was sent. The message starts with the file
-    and, where known, the line: ``jobs.toml:7: max_attempts must be between 1 and 100, got 0``.
-
-    Args:
-        where: the file as shown, with ``:LINE`` when known.
-        message: what is wrong.
-        field: the field at fault (``file`` for the file as a whole).
-        value: the value at fault.
-    """
-
-    def __init__(self, where: str, message: str, *, field: str = "file", value: object = None) -> None:
-        super().__init__(field, value, message)
-        self.args = (f"{where}: {message}",)
-
-
 # ---------------------------------------------------------------------------- the file
-
-
-class _Lines:
-    """Where each value of a file's jobs is: ``line(job, path)``, the most precise one known."""
-
-    def __init__(self) -> None:
-        self.of: dict[tuple[int, Path_], int] = {}
-
-    def set(self, job: int, path: Path_, line: int) -> None:
-        self.of.setdefault((job, path), line)
-
-    def line(self, job: int, path: Path_) -> int | None:
-        for length in range(len(path), -1, -1):
-            found = self.of.get((job, path[:length]))
-            if found is not None:
-                return found
-        return None
 
 
 def _error_path(exc: InvalidArgument) -> Path_:
@@ -302,8 +270,8 @@ def _document(shown: str, fmt: str, text: str) -> tuple[Any, Callable[[Path_], i
     """The parsed document, and the line of a value by its path from the document's root (None:
     not known; TOML: the ``[[schedules]]`` headers and their keys)."""
     if fmt == "toml":
-        return _toml_document(shown, text), _toml_schedule_lines(text).get
-    document, marks = _yaml_document(shown, text, "JSON" if Path(shown).suffix.lower() == ".json" else "YAML")
+        return toml_document(shown, text), _toml_schedule_lines(text).get
+    document, marks = yaml_document(shown, text, "JSON" if Path(shown).suffix.lower() == ".json" else "YAML")
     return document, marks.get
 
 
@@ -314,7 +282,7 @@ def _toml_schedule_lines(text: str) -> dict[Path_, int]:
     index = -1
     section: tuple[str, ...] | None = None
     for number, line in enumerate(text.splitlines(), start=1):
-        header = _TOML_HEADER.match(line)
+        header = TOML_HEADER.match(line)
         if header is not None:
             names = tuple(part.strip().strip("\"'") for part in header[2].split("."))
             if header[1] == "[[" and names == (SCHEDULES_KEY,):
@@ -327,7 +295,7 @@ def _toml_schedule_lines(text: str) -> dict[Path_, int]:
             else:
                 section = None
             continue
-        key = _TOML_KEY.match(line)
+        key = TOML_KEY.match(line)
         if key is None or section is None:
             continue
         name = key[1] if key[1] is not None else key[2] if key[2] is not None else key[3]
@@ -411,7 +379,7 @@ def _jobs_of(shown: str, document: Any, line_of: Callable[[Path_], int | None]) 
     return tables, base
 
 
-def _specs(shown: str, jobs: list[Any], lines: _Lines) -> list[JobSpec]:
+def _specs(shown: str, jobs: list[Any], lines: Lines) -> list[JobSpec]:
     specs = []
     for index, table in enumerate(jobs):
 
@@ -439,36 +407,17 @@ def _specs(shown: str, jobs: list[Any], lines: _Lines) -> list[JobSpec]:
     return specs
 
 
-def where_of(shown: str, lines: _Lines, job: int, path: Path_) -> str:
+def where_of(shown: str, lines: Lines, job: int, path: Path_) -> str:
     """``shown:LINE`` for a value of a job, or ``shown`` when its line is not known."""
     line = lines.line(job, path)
     return shown if line is None else f"{shown}:{line}"
 
 
-def _depth(value: Any) -> int:
-    """How deep lists and tables nest in ``value`` (a scalar: 0), without recursion."""
-    deepest = 0
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-        else:
-            continue
-        deepest = max(deepest, depth + 1)
-    return deepest
-
-
 # ---------------------------------------------------------------------------- TOML
 
-_TOML_HEADER = re.compile(r"\s*(\[\[?)\s*([A-Za-z0-9_.\"' -]+?)\s*\]\]?\s*(?:#.*)?$")
-_TOML_KEY = re.compile(r"\s*(?:\"([^\"]*)\"|'([^']*)'|([A-Za-z0-9_-]+))\s*(?:\.|=)")
 
-
-def _parse_toml(shown: str, text: str) -> tuple[list[Any], _Lines]:
-    document = _toml_document(shown, text)
+def _parse_toml(shown: str, text: str) -> tuple[list[Any], Lines]:
+    document = toml_document(shown, text)
     lines = _toml_lines(text)
     document, schedules_only = _without_schedules(document)
     if schedules_only:
@@ -486,30 +435,16 @@ def _without_schedules(document: Any) -> tuple[Any, bool]:
     return rest, not rest
 
 
-def _toml_document(shown: str, text: str) -> Any:
-    try:
-        document = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        found = re.search(r"\(at line (\d+), column \d+\)", str(exc))
-        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
-        raise JobFileError(f"{shown}:{found[1]}" if found else shown, f"not TOML: {message}") from None
-    except RecursionError:
-        raise JobFileError(shown, _TOO_DEEP) from None
-    if _depth(document) > MAX_NESTING:
-        raise JobFileError(shown, _TOO_DEEP)
-    return document
-
-
-def _toml_lines(text: str) -> _Lines:
+def _toml_lines(text: str) -> Lines:
     """Where each job's fields are in a TOML text, found by reading its lines: a job's
     ``[[job]]`` header, then each ``key =`` (and ``[job.env]``'s keys) until the next header.
     A hint for messages: a key inside a multi-line string may be taken for one."""
-    lines = _Lines()
+    lines = Lines()
     job = 0
     seen_jobs = 0
     section: tuple[str, ...] = ()
     for number, line in enumerate(text.splitlines(), start=1):
-        header = _TOML_HEADER.match(line)
+        header = TOML_HEADER.match(line)
         if header is not None:
             names = tuple(part.strip().strip("\"'") for part in header[2].split("."))
             if header[1] == "[[" and names == (JOBS_KEY,):
@@ -522,7 +457,7 @@ def _toml_lines(text: str) -> _Lines:
                 if section:
                     lines.set(job, (section[0],), number)
             continue
-        key = _TOML_KEY.match(line)
+        key = TOML_KEY.match(line)
         if key is None:
             continue
         name = key[1] if key[1] is not None else key[2] if key[2] is not None else key[3]
@@ -535,122 +470,17 @@ def _toml_lines(text: str) -> _Lines:
 # ---------------------------------------------------------------------------- YAML
 
 
-def _yaml_loader() -> type:
-    """PyYAML's safe loader (its C one when there is one), reading JSON's and YAML 1.2's
-    exponent floats (``1e3``) as numbers too (YAML 1.1 reads them as text)."""
-    import yaml
-
-    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-    class Loader(base):  # type: ignore[misc, valid-type]
-        pass
-
-    Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
-        list("-+0123456789."),
-    )
-    return Loader
-
-
-def _parse_yaml(shown: str, text: str, kind: str = "YAML") -> tuple[list[Any], _Lines]:
+def _parse_yaml(shown: str, text: str, kind: str = "YAML") -> tuple[list[Any], Lines]:
     """Parse YAML, or JSON (a subset of YAML: ``kind`` names it in errors)."""
-    document, marks = _yaml_document(shown, text, kind)
+    document, marks = yaml_document(shown, text, kind)
     document, schedules_only = _without_schedules(document)
     if schedules_only:
-        return [], _Lines()
+        return [], Lines()
     tables, base = _jobs_of(shown, document, lambda path: marks.get(path, marks.get(())))
-    lines = _Lines()
+    lines = Lines()
     for index in range(len(tables)):
         prefix = (*base[:-1], index) if base and isinstance(base[-1], int) else base
         for path, line in marks.items():
             if path[: len(prefix)] == prefix:
                 lines.set(index, path[len(prefix) :], line)
     return tables, lines
-
-
-def _yaml_document(shown: str, text: str, kind: str) -> tuple[Any, dict[Path_, int]]:
-    """The parsed YAML (or JSON) document and the line of each value by its path."""
-    import yaml
-
-    loader_class = _yaml_loader()
-    try:
-        _check_yaml_events(shown, yaml.parse(text, Loader=loader_class))
-        loader = loader_class(text)
-        try:
-            root = loader.get_single_node()
-            if root is None:
-                raise JobFileError(shown, "a job file must hold at least one job")
-            document, marks = _yaml_value(loader, root)
-        finally:
-            loader.dispose()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{shown}:{mark.line + 1}" if mark is not None else shown
-        problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
-        if "nesting depth" in problem:  # libyaml's own limit, met before the events are seen
-            raise JobFileError(where, _TOO_DEEP) from None
-        raise JobFileError(where, f"not {kind}: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise JobFileError(shown, f"not {kind}: {exc}") from None
-    return document, marks
-
-
-def _check_yaml_events(shown: str, events: Iterable[Any]) -> None:
-    """Refuse, from the parser's events (no recursion, nothing built), a file that nests
-    deeper than :data:`MAX_NESTING`, holds an alias or several documents."""
-    import yaml
-
-    depth = 0
-    documents = 0
-    for event in events:
-        line = event.start_mark.line + 1 if event.start_mark is not None else None
-        where = shown if line is None else f"{shown}:{line}"
-        if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > MAX_NESTING:
-                raise JobFileError(where, _TOO_DEEP)
-        elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
-        elif isinstance(event, yaml.AliasEvent):
-            raise JobFileError(where, "a job file must not use aliases (*name): write the value out")
-        elif isinstance(event, yaml.DocumentStartEvent):
-            documents += 1
-            if documents > 1:
-                raise JobFileError(where, "a job file must hold one YAML document")
-
-
-def _yaml_value(loader: Any, root: Any) -> tuple[Any, dict[Path_, int]]:
-    """The Python value of a composed YAML node tree, with the line of every table key and
-    list item by its path (tables' keys must be text and given once). Recursion is bounded
-    by :data:`MAX_NESTING` (checked on the events first)."""
-    import yaml
-
-    marks: dict[Path_, int] = {(): root.start_mark.line + 1}
-
-    def value(node: Any, path: Path_) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            table: dict[Any, Any] = {}
-            for key_node, value_node in node.value:
-                key = loader.construct_object(key_node, deep=True)
-                line = key_node.start_mark.line + 1
-                if not isinstance(key, str):
-                    raise yaml.MarkedYAMLError(
-                        problem=f"a field's name must be text, got {key!r}", problem_mark=key_node.start_mark
-                    )
-                if key in table:
-                    raise yaml.MarkedYAMLError(
-                        problem=f"field {key!r} is given twice", problem_mark=key_node.start_mark
-                    )
-                marks.setdefault((*path, key), line)
-                table[key] = value(value_node, (*path, key))
-            return table
-        if isinstance(node, yaml.SequenceNode):
-            items = []
-            for index, item in enumerate(node.value):
-                marks.setdefault((*path, index), item.start_mark.line + 1)
-                items.append(value(item, (*path, index)))
-            return items
-        return loader.construct_object(node, deep=True)
-
-    return value(root, ()), marks

@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ops import checker
+from ops.checker_report import CheckReport
 from ops.cluster import LocalCluster, StateDir
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
@@ -110,7 +111,7 @@ class OverloadResult:
     backlog_after_steps: int
     drain_s: float | None
     unfinished_after_drain: int
-    check: checker.CheckReport
+    check: CheckReport
     samples: tuple[tuple[float, int, int, int], ...]
     """[seconds, pending, placed, succeeded] every second."""
 

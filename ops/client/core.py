@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ops.client.checks import check_account, check_job_id, check_key, check_seconds, is_int_in
-from ops.client.errors import JobNotFound, WaitTimedOut, WorkerNotFound, raised_as
+from ops.client.errors import JobNotFound, WaitTimedOut, raised_as
 from ops.client.results import (
     Account,
     AuditEntry,
@@ -23,19 +23,17 @@ from ops.client.results import (
     ClusterStatus,
     Job,
     JobHistory,
-    Schedule,
-    WorkerSchedule,
     account_from_pb,
     audit_from_pb,
     cancel_from_pb,
     history_from_pb,
     job_from_pb,
-    schedule_from_pb,
-    schedule_info_from_pb,
     status_from_pb,
 )
+from ops.client.schedule_calls import ScheduleCalls
 from ops.client.settings import ClientSettings
 from ops.client.streams import WAIT_POLL, LogStream
+from ops.client.worker_calls import WorkerCalls
 from runtime import validation
 from runtime.client import ControlPlaneClient
 from runtime.errors import (
@@ -64,12 +62,14 @@ MAX_TAIL_BYTES = 2**64 - 1
 """The most ``tail_max_bytes`` may be (the wire's uint64)."""
 
 
-class Client:
+class Client(WorkerCalls, ScheduleCalls):
     """A client of one Stockade cluster, for trio programs; open it with :meth:`open` (made
     directly, it needs :func:`runtime.aio.asyncio_bridge` around its calls and :meth:`close`).
 
     Every method is a coroutine (but :meth:`logs`, an async iterator), safe from several tasks
-    at once; results are frozen attrs classes (:mod:`ops.client.results`).
+    at once; results are frozen attrs classes (:mod:`ops.client.results`). The calls on workers
+    and on schedules are written in :class:`ops.client.worker_calls.WorkerCalls` and
+    :class:`ops.client.schedule_calls.ScheduleCalls`.
 
     Args:
         settings: where the cluster is and what to present (:meth:`ClientSettings.find`).
@@ -528,191 +528,3 @@ class Client:
             tail_max_bytes=tail_max_bytes or 0,
         )
         return LogStream(self._cp, request, job_id=job_id)
-
-    # ------------------------------------------------------------------ workers
-
-    async def cordon(self, worker_id: str, *, idempotency_key: str | None = None) -> WorkerSchedule:
-        """Cordon a worker: nothing new is placed on it; its running jobs go on. The cordon
-        holds for the worker id across agent restarts, until :meth:`uncordon`.
-
-        Raises:
-            InvalidArgument: a bad ``worker_id`` or key; nothing was sent.
-            WorkerNotFound: no worker ever registered with this id; nothing was stored.
-            IdempotencyConflict, NoControlPlaneReachable, ClusterBusy, PermissionDenied: as
-                :meth:`submit`.
-        """
-        from protocol import pb
-
-        return await self._schedule("cordon_worker", pb.CordonWorkerRequest, worker_id, idempotency_key)
-
-    async def uncordon(self, worker_id: str, *, idempotency_key: str | None = None) -> WorkerSchedule:
-        """Uncordon a worker: it takes placements again; a drain of it ends (what it moved stays
-        moved), and so does a mark as unhealthy (:attr:`ops.client.results.Worker.unhealthy`).
-
-        Raises:
-            the errors of :meth:`cordon`.
-        """
-        from protocol import pb
-
-        return await self._schedule("uncordon_worker", pb.UncordonWorkerRequest, worker_id, idempotency_key)
-
-    async def drain(
-        self, worker_id: str, *, deadline_s: float | None = None, idempotency_key: str | None = None
-    ) -> WorkerSchedule:
-        """Drain a worker: cordon it and let its jobs end; at ``deadline_s`` the leader stops those
-        still running and places them elsewhere, spending no attempt (``drained``: it is empty).
-
-        Args:
-            worker_id: the worker.
-            deadline_s: seconds after which its remaining jobs are stopped and placed
-                elsewhere, 0 (at once) to 604,800 (a week); None: no deadline.
-            idempotency_key: this call's key, as in :meth:`submit`.
-
-        Raises:
-            InvalidArgument: a bad ``worker_id``, ``deadline_s`` or key; nothing was sent.
-            WorkerNotFound, IdempotencyConflict, NoControlPlaneReachable, ClusterBusy,
-                PermissionDenied: as :meth:`cordon`.
-        """
-        from protocol import pb
-
-        deadline_ms = (
-            None if deadline_s is None else round(validation.check_drain_deadline_s(deadline_s) * 1000)
-        )
-
-        def request(*, worker_id: str, idempotency_key: str) -> pb.DrainWorkerRequest:
-            return pb.DrainWorkerRequest(
-                worker_id=worker_id,
-                has_deadline=deadline_ms is not None,
-                deadline_ms=deadline_ms or 0,
-                idempotency_key=idempotency_key,
-            )
-
-        return await self._schedule("drain_worker", request, worker_id, idempotency_key)
-
-    async def _schedule(
-        self, rpc: str, make_request: Callable[..., Any], worker_id: str, key: str | None
-    ) -> WorkerSchedule:
-        """One of cordon, uncordon and drain: checked, sent, its reply typed."""
-        validation.check_worker_id(worker_id)
-        request = make_request(worker_id=worker_id, idempotency_key=check_key(key))
-        with raised_as(functools.partial(WorkerNotFound, worker_id)):
-            reply = await self._cp.call(rpc, request)
-        return schedule_from_pb(reply)
-
-    # ------------------------------------------------------------------ schedules
-
-    async def add_schedule(
-        self,
-        name: str,
-        *,
-        cron: str,
-        job: JobSpec,
-        tz: str = "UTC",
-        concurrency_policy: str = "allow",
-        starting_deadline_s: int | None = None,
-        idempotency_key: str | None = None,
-    ) -> Schedule:
-        """Add a periodic job owned by this caller's account (docs/schedules.md): the leader
-        fires one job of ``job`` per slot of ``cron`` in ``tz``, each slot once.
-
-        Args:
-            name: the schedule's name (the id rules), unique in the cluster.
-            cron: 5 fields, or 6 with a leading second field, or @hourly and the like.
-            job: the job each slot fires (no ``after``, no ``array``).
-            tz: an IANA time zone name.
-            concurrency_policy: ``allow``, ``forbid`` or ``replace`` (Kubernetes CronJob's).
-            starting_deadline_s: how late a slot may still fire, 1 to 604,800 s; None: 60.
-            idempotency_key: this call's key, as in :meth:`submit`.
-
-        Raises:
-            InvalidArgument: a field breaks its rule (the cron does not parse or never fires,
-                the zone is unknown, ...); nothing was sent.
-            FailedPrecondition: a schedule of that name exists; nothing was stored.
-            IdempotencyConflict, NoControlPlaneReachable, ClusterBusy, PermissionDenied: as
-                :meth:`submit`.
-        """
-        import datetime as dt
-
-        from protocol import pb
-        from runtime.schedules import check_schedule
-        from runtime.wire_jobs import job_spec_to_pb
-
-        rules = check_schedule(
-            name=name,
-            cron=cron,
-            tz=tz,
-            concurrency_policy=concurrency_policy,
-            starting_deadline_s=starting_deadline_s,
-            now=dt.datetime.now(dt.UTC),
-        )
-        checked = job.check()
-        for field, value in (
-            ("job.after", checked.after),
-            ("job.array", checked.array),
-            ("job.tasks", checked.tasks),
-        ):
-            if value:
-                raise InvalidArgument(
-                    field, value, "must be empty for a schedule's job (no dependencies, array or gang)"
-                )
-        spec = pb.ScheduleSpec(
-            name=rules.name,
-            cron=rules.cron.expression,
-            tz=rules.tz,
-            job=job_spec_to_pb(checked),
-            concurrency_policy=rules.concurrency_policy,
-            starting_deadline_s=rules.starting_deadline_s,
-        )
-        request = pb.AddScheduleRequest(spec=spec, idempotency_key=check_key(idempotency_key))
-        reply: pb.ScheduleInfo = await self._cp.call("add_schedule", request)
-        return schedule_info_from_pb(reply)
-
-    async def schedules(self, *, account: str | None = None) -> tuple[Schedule, ...]:
-        """Every schedule by name, of ``account`` (None: every account the caller may see).
-
-        Raises:
-            InvalidArgument: a bad ``account``; nothing was sent.
-            NoControlPlaneReachable, ClusterBusy, PermissionDenied: as :meth:`submit`.
-        """
-        from protocol import pb
-
-        check_account(account)
-        request = pb.ListSchedulesRequest(account=account or "")
-        reply: pb.ListSchedulesReply = await self._cp.call("list_schedules", request)
-        return tuple(schedule_info_from_pb(s) for s in reply.schedules)
-
-    async def pause_schedule(self, name: str, *, idempotency_key: str | None = None) -> Schedule:
-        """Pause a schedule: none of its slots fires or is recorded until :meth:`resume_schedule`.
-
-        Raises:
-            InvalidArgument: a bad ``name`` or key; nothing was sent.
-            NotFound: no such schedule (another account's is none).
-            IdempotencyConflict, NoControlPlaneReachable, ClusterBusy, PermissionDenied: as
-                :meth:`submit`.
-        """
-        return await self._schedule_change("pause_schedule", name, idempotency_key)
-
-    async def resume_schedule(self, name: str, *, idempotency_key: str | None = None) -> Schedule:
-        """Resume a paused schedule: its slots start again after now.
-
-        Raises:
-            the errors of :meth:`pause_schedule`.
-        """
-        return await self._schedule_change("resume_schedule", name, idempotency_key)
-
-    async def remove_schedule(self, name: str, *, idempotency_key: str | None = None) -> Schedule:
-        """Remove a schedule (the jobs it fired stay); returns it as it was.
-
-        Raises:
-            the errors of :meth:`pause_schedule`.
-        """
-        return await self._schedule_change("remove_schedule", name, idempotency_key)
-
-    async def _schedule_change(self, rpc: str, name: str, key: str | None) -> Schedule:
-        from protocol import pb
-        from runtime.identifiers import check_id
-
-        check_id(name, field="name")
-        request = pb.ScheduleNameRequest(name=name, idempotency_key=check_key(key))
-        reply: pb.ScheduleInfo = await self._cp.call(rpc, request)
-        return schedule_info_from_pb(reply)

@@ -378,7 +378,7 @@ class StateDir:
     """The fault record (``events.jsonl``) the checker reads: kills, freezes, partitions."""
 
     def record_fault(self, kind: str, target: str, at: float, until: float | None = None) -> None:
-        """Append one fault (``kind`` of :data:`ops.checker.FAULT_KINDS`; Unix seconds) to
+        """Append one fault (``kind`` of :data:`ops.checker_records.FAULT_KINDS`; Unix seconds) to
         :attr:`events_path`."""
         line = {"kind": kind, "target": target, "at": at, "until": at if until is None else until}
         with open_log(self.events_path) as out:

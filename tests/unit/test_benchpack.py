@@ -31,7 +31,7 @@ from ops.bench.pack import (
 )
 from ops.bench.pack.queue import GANG_TASKS, check_shares, gang_sizes, gang_spec
 from ops.bench.pack.stream import WORKER_SHAPES, arrival_times, job_stream, lower_bound_s, submit_arriving
-from ops.checker import Run
+from ops.checker_records import Run
 from runtime.errors import InvalidArgument
 
 

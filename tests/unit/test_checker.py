@@ -10,19 +10,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from ops.checker import (
-    KILLED_AGENT_RUN_ON_S,
-    AssignmentRecord,
-    DeathRecord,
-    FaultEvent,
-    History,
-    check_logs,
-    load_runs,
-    parse_fault,
-    placement_recoveries_s,
-    report_rows,
-    runs_from_records,
-)
+from ops.checker import check_logs, load_runs, parse_fault, placement_recoveries_s, runs_from_records
+from ops.checker_records import KILLED_AGENT_RUN_ON_S, AssignmentRecord, DeathRecord, FaultEvent, History
+from ops.checker_report import report_rows
 from ops.invariants import check
 from runtime.errors import InvalidArgument
 

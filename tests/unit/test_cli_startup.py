@@ -60,8 +60,10 @@ SERVER_SIDE = (
     "ops.launcher.pg_user",
     "ops.launcher.hadb_members",
     "ops.chaos",
+    "ops.chaos_workload",
     "ops.faults",
     "ops.checker",
+    "ops.checker_records",
 )
 """The control plane, the agent, the database driver and the bridge's database and server
 sides, the launcher and the harnesses."""

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from scripted_control_plane import ScriptedControlPlane, serve
@@ -34,10 +35,19 @@ def test_the_docs_show_the_examples_the_suite_runs() -> None:
     assert python_blocks(section) == examples
 
 
+def own_members(cls: type) -> dict[str, Any]:
+    """What ``cls`` defines, with what its bases other than ``object`` define (Client's calls
+    on workers and schedules are written in classes of their own)."""
+    found: dict[str, Any] = {}
+    for base in reversed(cls.__mro__[:-1]):
+        found.update(vars(base))
+    return found
+
+
 def public_methods(cls: type) -> dict[str, inspect.Signature]:
     return {
         name: inspect.signature(member)
-        for name, member in vars(cls).items()
+        for name, member in own_members(cls).items()
         if not name.startswith("_") and callable(member) and name != "open"
     }
 
@@ -53,7 +63,7 @@ def test_both_faces_offer_the_same_calls_with_the_same_arguments() -> None:
 def test_every_public_call_is_documented_with_its_errors() -> None:
     """Each public method has a docstring, and each that calls the cluster says what it raises."""
     for cls in (Client, AsyncioClient, LogStream, AsyncioLogStream):
-        for name, member in vars(cls).items():
+        for name, member in own_members(cls).items():
             if name.startswith("_") or not callable(getattr(cls, name)):
                 continue
             doc = inspect.getdoc(getattr(cls, name)) or ""

@@ -4,7 +4,8 @@ across an agent's restart); units handed on after an end are not counted."""
 
 from __future__ import annotations
 
-from ops.checker import AssignmentRecord, History, runs_from_records
+from ops.checker import runs_from_records
+from ops.checker_records import AssignmentRecord, History
 from ops.invariants import check, shared_units
 
 

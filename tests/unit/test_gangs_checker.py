@@ -5,7 +5,7 @@ placement."""
 
 from __future__ import annotations
 
-from ops.checker import AssignmentRecord, GangAttemptRecord, History, Run
+from ops.checker_records import AssignmentRecord, GangAttemptRecord, History, Run
 from ops.invariants import double_placements, gang_violations
 
 

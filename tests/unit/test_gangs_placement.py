@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from properties import examples
 
-from actors.gangs import GangQueue, GangTask, PendingGang, place_gangs
+from actors.gang_queue import GangQueue, GangTask, PendingGang
+from actors.gangs import place_gangs
 from actors.pending_queue import PendingJob
 from actors.rooms import WorkerRoom
 

@@ -7,7 +7,7 @@ import trio
 import trio.testing
 from test_placer_queue import FakeStore, make_placer, waiting
 
-from actors.gangs import GangTask
+from actors.gang_queue import GangTask
 from actors.messages import CommitPlacements
 from actors.pending_queue import PendingJob
 from actors.placer_store import WaitingJob

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from properties import examples
 
 from actors.fair_share import AccountShare
-from actors.gangs import GangQueue, GangTask
+from actors.gang_queue import GangQueue, GangTask
 from actors.messages import WorkerRef
 from actors.pending_queue import PendingJob, PendingQueue
 from actors.placer_store import LiveWorker

@@ -14,7 +14,8 @@ from ops import jobfields, jobfile
 from ops.cli import app
 from ops.cli import jobs as cli_jobs
 from ops.config import INSECURE_ENV
-from ops.jobfile import MAX_JOB_FILE_BYTES, JobFileError, read_job_file
+from ops.jobfile import MAX_JOB_FILE_BYTES, read_job_file
+from ops.jobfile_syntax import JobFileError
 from protocol import pb
 from runtime.client import ControlPlaneClient
 from runtime.constraints import parse_constraint

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from properties import examples
 
-from ops.jobfile import JobFileError, read_job_file
+from ops.jobfile import read_job_file
+from ops.jobfile_syntax import JobFileError
 from runtime.errors import InvalidArgument
 from runtime.jobs import ArrayRange, JobSpec, SleepRuntime
 from runtime.validation import PipelineError, check_jobs, pipeline_order

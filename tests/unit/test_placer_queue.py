@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from actors.fair_share import AccountShare
-from actors.gangs import GangTask
+from actors.gang_queue import GangTask
 from actors.messages import (
     CommitPlacements,
     CommittedAssignment,

@@ -27,7 +27,9 @@ from ops.bench.pack import (
     WaitFigures,
 )
 from ops.chaosresult import ChaosResult, chaos_table
-from ops.checker import CheckReport, History, check_table
+from ops.checker import check_table
+from ops.checker_records import History
+from ops.checker_report import CheckReport
 from ops.cli import EXIT_INVALID, app
 from ops.faults import Failover
 from ops.invariants import check

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from ops.checker import ScheduleRecord, SlotRecord
+from ops.checker_records import ScheduleRecord, SlotRecord
 from ops.invariants import schedule_slot_errors
 
 T0 = dt.datetime(2026, 3, 29, 0, 0, tzinfo=dt.UTC).timestamp()

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ops.jobfile import JobFileError, read_job_file, read_schedules
+from ops.jobfile import read_job_file, read_schedules
+from ops.jobfile_syntax import JobFileError
 
 TOML = """\
 [[job]]

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import attrs
 from prometheus_client.samples import Sample
 
-from ops import checker
 from ops.bench import metrics
+from ops.checker_records import Run
 
 PHASES = ("read", "decide", "commit", "dispatch")
 """The phases of a placer round, each with a histogram of its own."""
@@ -152,7 +152,7 @@ def wait_figures(waits: Sequence[tuple[int, float]]) -> WaitFigures:
 
 
 def overcommitted_workers(
-    runs: Sequence[checker.Run],
+    runs: Sequence[Run],
     sizes: dict[int, tuple[int, int]],
     capacities: dict[str, tuple[int, int]],
 ) -> list[str]:
