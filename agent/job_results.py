@@ -14,7 +14,7 @@ import attrs
 import trio
 
 from agent.fence import trio_time_of
-from agent.messages import JobState
+from agent.messages import JobState, StopReason
 from agent.resources import JobLimits, oom_detail
 
 _T = TypeVar("_T")
@@ -202,3 +202,31 @@ def container_result(
         detail += f" (exit code {result.exit_code})"
     state = JobState.CANCELLED if result.stopped else JobState.FAILED
     return attrs.evolve(result, state=state, detail=detail, started=True)
+
+
+def stop_reason_of(result: JobResult, *, fenced: bool, asked: StopReason | None) -> StopReason:
+    """Why a run ended, as its ``stop`` line says: the fence (its reaper's, or the agent's
+    self-fence: ``fenced``), else the stop that was ``asked`` for when one stopped it, else
+    ``restart`` for a run taken over unstarted (its agent died as it started it), else its own
+    end (succeeded, failed)."""
+    if fenced:
+        return StopReason.SELF_FENCE
+    if result.stopped and asked is not None:
+        return asked
+    if result.state is JobState.NOT_STARTED:
+        return StopReason.RESTART
+    return StopReason(result.state.value)
+
+
+def reported_state(result: JobResult, *, fenced: bool, asked: StopReason | None) -> JobState | None:
+    """What a run's end tells the control plane (None: nothing). A run the fence ended on its
+    own, nobody having asked for a stop, is ``not_started`` when it never started and ``fenced``
+    when it did: should this incarnation live on, only that report ends its assignment. A run
+    that ended on its own tells its own end. A stop that was asked for tells nothing: whoever
+    asked (the control plane, or the agent's own self-fence, after which the worker registers
+    anew) ends the assignment."""
+    if fenced:
+        if asked is not None:
+            return None
+        return JobState.FENCED if result.started else JobState.NOT_STARTED
+    return None if result.stopped else result.state

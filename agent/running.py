@@ -28,7 +28,7 @@ from agent.fence import FenceClock, monotonic_of, trio_time_of
 from agent.identities import JobIdentities
 from agent.job_env import job_environment
 from agent.job_record import JobRecord
-from agent.job_results import JobResult, oom_killed
+from agent.job_results import JobResult, oom_killed, reported_state, stop_reason_of
 from agent.job_task import Job, runner_options, sleep_not_kept, sleep_ran_out, sleep_rest, stop_metric_reason
 from agent.joblog import JobLog, LogEvent
 from agent.messages import AssignOrder, JobOrder, JobState, Outcome, StopReason
@@ -529,14 +529,7 @@ class RunningJobs:
             self.fence_now()
         # Whether the fence stopped it: its reaper's fence, or the agent's self-fence.
         fenced = result.fenced or (result.stopped and job.stop_reason is StopReason.SELF_FENCE)
-        if fenced:
-            reason = StopReason.SELF_FENCE
-        elif result.stopped and job.stop_reason is not None:
-            reason = job.stop_reason
-        elif result.state is JobState.NOT_STARTED:
-            reason = StopReason.RESTART  # taken over unstarted: its agent died as it started it
-        else:
-            reason = StopReason(result.state.value)
+        reason = stop_reason_of(result, fenced=fenced, asked=job.stop_reason)
         # A stop with a grace of its own (a preemption's) says the grace it was given.
         grace_ms = job.stop_grace_ms if reason is StopReason.PREEMPTED else None
         # The runtime's end (a command job held or killed at the fence: when it was paused; a
@@ -566,41 +559,18 @@ class RunningJobs:
             detail=result.detail,
             grace_ms=grace_ms,
         )
-        if fenced and not result.started and job.stop_reason is None:
-            # The fence ended it before it started, on its own (its reaper found the deadline
-            # passed), and nobody asked for the stop. Said, so that the control plane ends the
-            # assignment: should this incarnation live on, nothing else would.
+        state = reported_state(result, fenced=fenced, asked=job.stop_reason)
+        if state is not None:
+            unstarted = state is JobState.NOT_STARTED
+            ran = result.started and not unstarted
             self._report(
                 job,
-                state=JobState.NOT_STARTED,
-                exit_code=None,
-                run_s=0.0,
+                state=state,
+                exit_code=None if unstarted else result.exit_code,
+                run_s=max(0.0, result.ended_at - result.began_at) if ran else 0.0,
                 ended_at=result.ended_at,
-                detail=result.detail,
-            )
-        elif fenced and job.stop_reason is None:
-            # Started, and killed by its reaper at the fence before the agent fenced (the
-            # agent, paused, has not reached the kill deadline its reaper read): should a fresh
-            # heartbeat resume this incarnation, only this report ends the assignment.
-            self._report(
-                job,
-                state=JobState.FENCED,
-                exit_code=result.exit_code,
-                run_s=max(0.0, result.ended_at - result.began_at),
-                ended_at=result.ended_at,
-                stdout_path=result.stdout_path,
-                stderr_path=result.stderr_path,
-                detail=result.detail,
-            )
-        elif not (result.stopped or fenced):
-            self._report(
-                job,
-                state=result.state,
-                exit_code=result.exit_code,
-                run_s=max(0.0, result.ended_at - result.began_at) if result.started else 0.0,
-                ended_at=result.ended_at,
-                stdout_path=result.stdout_path,
-                stderr_path=result.stderr_path,
+                stdout_path=None if unstarted else result.stdout_path,
+                stderr_path=None if unstarted else result.stderr_path,
                 detail=result.detail,
             )
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from actors.queries.database_watch import *  # noqa: F403
 from actors.queries.idempotent import AUDIT_PARAMS, once
 from actors.queries.ingest import *  # noqa: F403
+from actors.queries.ingest_admin import *  # noqa: F403
+from actors.queries.ingest_workers import *  # noqa: F403
 from actors.queries.jobs import (
     GANG_ROOM,
     JobColumns,

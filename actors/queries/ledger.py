@@ -72,7 +72,7 @@ SELECT j.gang_id, j.gang_rank, g.size AS gang_size,
 # A worker's future is ordered against placements by its row (docs/design.md, "How decisions
 # are fenced"): ``open_workers`` locks the placements' workers FOR KEY SHARE, in id order (no
 # deadlock between two statements that each lock several), against the FOR UPDATE every promise
-# about a worker takes first (queries.ingest.LOCK_WORKER), and never waits for a heartbeat.
+# about a worker takes first (queries.ingest_workers.LOCK_WORKER), and never waits for a heartbeat.
 # Returns one row with ``epoch_seen`` and no assignment when nothing was placed, else one row per
 # assignment created: small rows only (a command's argv, up to 64 KiB, is read by JOB_ARGVS after
 # the commit), so the server never holds the share lock while it waits to hand a large result to

@@ -19,7 +19,8 @@ from ops.cli.status_json import devices_in_use, status_json  # noqa: F401  (stat
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ops.client.results import Account, Attempt, AuditEntry, ClusterStatus, Job, Worker
+    from ops.client.admin_results import Account, AuditEntry
+    from ops.client.results import Attempt, ClusterStatus, Job, Worker
     from runtime.jobs import JobSpec
 
 

@@ -31,13 +31,12 @@ from runtime.errors import (
 )
 
 if TYPE_CHECKING:
+    from ops.client.admin_results import Account, AuditEntry, Schedule, WorkerSchedule
     from ops.client.asyncio_face import AsyncioClient, AsyncioLogStream
     from ops.client.core import Client
     from ops.client.errors import JobNotFound, WaitTimedOut, WorkerNotFound
     from ops.client.results import (
-        Account,
         Attempt,
-        AuditEntry,
         CancelOutcome,
         ClusterStatus,
         ControlPlane,
@@ -45,10 +44,8 @@ if TYPE_CHECKING:
         JobEvent,
         JobHistory,
         LogChunk,
-        Schedule,
         Usage,
         Worker,
-        WorkerSchedule,
     )
     from ops.client.settings import ClientSettings
     from ops.client.specs import job_spec
@@ -63,9 +60,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("JobNotFound", "WaitTimedOut", "WorkerNotFound"), "ops.client.errors"),
     **dict.fromkeys(
         (
-            "Account",
             "Attempt",
-            "AuditEntry",
             "CancelOutcome",
             "ClusterStatus",
             "ControlPlane",
@@ -73,13 +68,12 @@ _HOMES: dict[str, str] = {
             "JobEvent",
             "JobHistory",
             "LogChunk",
-            "Schedule",
             "Usage",
             "Worker",
-            "WorkerSchedule",
         ),
         "ops.client.results",
     ),
+    **dict.fromkeys(("Account", "AuditEntry", "Schedule", "WorkerSchedule"), "ops.client.admin_results"),
     **dict.fromkeys(("ClientSettings",), "ops.client.settings"),
     **dict.fromkeys(("job_spec",), "ops.client.specs"),
     **dict.fromkeys(("LogStream",), "ops.client.streams"),

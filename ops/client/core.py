@@ -14,17 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ops.client.admin_results import Account, AuditEntry, account_from_pb, audit_from_pb
 from ops.client.checks import check_account, check_job_id, check_key, check_seconds, is_int_in
 from ops.client.errors import JobNotFound, WaitTimedOut, raised_as
 from ops.client.results import (
-    Account,
-    AuditEntry,
     CancelOutcome,
     ClusterStatus,
     Job,
     JobHistory,
-    account_from_pb,
-    audit_from_pb,
     cancel_from_pb,
     history_from_pb,
     job_from_pb,

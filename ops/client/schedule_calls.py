@@ -4,8 +4,8 @@ part of :class:`ops.client.Client` (docs/schedules.md).
 
 from __future__ import annotations
 
+from ops.client.admin_results import Schedule, schedule_info_from_pb
 from ops.client.checks import check_account, check_key
-from ops.client.results import Schedule, schedule_info_from_pb
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument
 from runtime.jobs import JobSpec

@@ -8,9 +8,9 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from ops.client.admin_results import WorkerSchedule, schedule_from_pb
 from ops.client.checks import check_key
 from ops.client.errors import WorkerNotFound, raised_as
-from ops.client.results import WorkerSchedule, schedule_from_pb
 from runtime import validation
 from runtime.client import ControlPlaneClient
 

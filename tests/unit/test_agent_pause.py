@@ -29,8 +29,8 @@ from test_agent_heartbeat import (
 )
 
 from agent.core import Agent
-from agent.job_results import JobResult
-from agent.messages import JobState
+from agent.job_results import JobResult, reported_state, stop_reason_of
+from agent.messages import JobState, StopReason
 from agent.sleep_jobs import sleep_end
 from runtime.jobs import JobRuntime
 from runtime.text import read_jsonl
@@ -439,3 +439,42 @@ async def test_a_job_paused_just_before_its_end_is_stopped_by_a_reregister_not_s
     del registered_at
     assert stops(tmp_path) == {1: "reregister"}
     assert not [o for _, r in cp.heartbeats for o in r.finished]
+
+
+@pytest.mark.parametrize(
+    ("started", "stopped", "fenced", "asked", "state", "reason", "reported"),
+    [
+        # the fence on its own: told, started or not
+        (True, True, True, None, JobState.CANCELLED, StopReason.SELF_FENCE, JobState.FENCED),
+        (False, True, True, None, JobState.CANCELLED, StopReason.SELF_FENCE, JobState.NOT_STARTED),
+        # the agent's self-fence asked for it: the new registration ends the assignment
+        (True, True, True, StopReason.SELF_FENCE, JobState.CANCELLED, StopReason.SELF_FENCE, None),
+        # a stop the control plane asked for: it ends the assignment
+        (True, True, False, StopReason.CANCELLED, JobState.CANCELLED, StopReason.CANCELLED, None),
+        # its own end
+        (True, False, False, None, JobState.FAILED, StopReason.FAILED, JobState.FAILED),
+        (True, False, False, None, JobState.SUCCEEDED, StopReason.SUCCEEDED, JobState.SUCCEEDED),
+        (False, False, False, None, JobState.NOT_STARTED, StopReason.RESTART, JobState.NOT_STARTED),
+    ],
+)
+def test_a_runs_end_says_one_stop_reason_and_reports_what_only_the_worker_knows(
+    started: bool,
+    stopped: bool,
+    fenced: bool,
+    asked: StopReason | None,
+    state: JobState,
+    reason: StopReason,
+    reported: JobState | None,
+) -> None:
+    """The stop line's reason and what the control plane is told, for each way a run ends."""
+    result = JobResult(
+        state=state,
+        stopped=stopped,
+        fenced=fenced,
+        exit_code=None,
+        began_at=0.0,
+        ended_at=1.0,
+        started=started,
+    )
+    assert stop_reason_of(result, fenced=fenced, asked=asked) is reason
+    assert reported_state(result, fenced=fenced, asked=asked) is reported

@@ -17,7 +17,7 @@ def test_a_busy_cluster_is_reported_as_busy_not_as_unreachable(monkeypatch: pyte
     def busy(addresses: list[str], specs: object, **_: object) -> list[int]:
         raise ClusterBusy("every control plane is busy: asked 9 times over 30.0 s (busy_retry_s 30); ...")
 
-    monkeypatch.setattr(cli_jobs, "_submit", busy)
+    monkeypatch.setattr(cli_jobs, "submit_specs", busy)
     result = CliRunner().invoke(
         app,
         [

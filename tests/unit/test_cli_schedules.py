@@ -258,7 +258,7 @@ def test_run_under_a_given_key_finds_its_own_schedules(
 def test_a_schedule_without_an_answer_may_or_may_not_be_stored(tmp_path: Path) -> None:
     """When no control plane answered for a schedule, the words say it may be stored, name the
     later ones not stored, and the command's key to run the file again with."""
-    from ops.cli.jobs import _partly_stored
+    from ops.cli.job_files import _partly_stored
     from ops.jobfile import read_schedules
     from runtime.errors import Unavailable
 

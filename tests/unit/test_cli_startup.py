@@ -200,6 +200,9 @@ def test_the_command_map_names_what_each_group_registers() -> None:
     for command in app.registered_commands:
         assert command.callback is not None
         group = command.callback.__module__.removeprefix("ops.cli.")
+        # ops.cli.jobs registers `run` in its place among the job commands; it is written in
+        # ops.cli.job_files.
+        group = {"job_files": "jobs"}.get(group, group)
         registered.setdefault(group, []).append(command.name or command.callback.__name__)
     for typer_group in app.registered_groups:
         sub_app = typer_group.typer_instance

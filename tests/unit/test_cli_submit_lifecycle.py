@@ -28,7 +28,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[pb.JobSpec]:
         specs.extend(job_spec_to_pb(spec) for spec in sent)
         return [5]
 
-    monkeypatch.setattr(cli_jobs, "_submit", fake_submit)
+    monkeypatch.setattr(cli_jobs, "submit_specs", fake_submit)
     return specs
 
 

@@ -30,15 +30,14 @@ from ops.client import (
     WorkerNotFound,
     job_spec,
 )
+from ops.client.admin_results import WorkerSchedule, schedule_from_pb
 from ops.client.results import (
     Attempt,
     ClusterStatus,
     ControlPlane,
     JobGang,
     Worker,
-    WorkerSchedule,
     job_from_pb,
-    schedule_from_pb,
     status_from_pb,
 )
 from ops.client.streams import LOG_IDLE_S, LOG_OPEN_S

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from ops import jobfields, jobfile
 from ops.cli import app
-from ops.cli import jobs as cli_jobs
+from ops.cli import job_files as cli_job_files
 from ops.config import INSECURE_ENV
 from ops.jobfile import MAX_JOB_FILE_BYTES, read_job_file
 from ops.jobfile_syntax import JobFileError
@@ -321,14 +321,14 @@ def _typed(fields: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[list[pb.JobSpec]]:
-    """Each `_submit` call's specs, answered with ids from 40 (no cluster is called)."""
+    """Each `submit_specs` call's specs, answered with ids from 40 (no cluster is called)."""
     made: list[list[pb.JobSpec]] = []
 
     def fake_submit(addresses: list[str], specs: list[JobSpec], **_: Any) -> list[int]:
         made.append([job_spec_to_pb(spec) for spec in specs])
         return list(range(40, 40 + len(specs)))
 
-    monkeypatch.setattr(cli_jobs, "_submit", fake_submit)
+    monkeypatch.setattr(cli_job_files, "submit_specs", fake_submit)
     return made
 
 
@@ -369,7 +369,7 @@ def test_a_refused_after_is_placed_at_its_line_in_the_file(
             "got [99999] (no job 99999; nothing was stored)"
         )
 
-    monkeypatch.setattr(cli_jobs, "_submit", refusing_submit)
+    monkeypatch.setattr(cli_job_files, "submit_specs", refusing_submit)
     path = write(tmp_path, "j.toml", SLEEPER + SLEEPER + "after = [99999]\n")
     result = CliRunner().invoke(app, ["run", str(path), "--control-planes", NOWHERE])
     assert result.exit_code == 2

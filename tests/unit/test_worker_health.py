@@ -24,7 +24,8 @@ from actors.rooms import WorkerRoom
 from actors.round_plan import not_counting_cordoned, plan_round, probe_limit
 from ops.cli.render import render_status, status_json
 from ops.cli.workers import schedule_line
-from ops.client.results import schedule_from_pb, status_from_pb
+from ops.client.admin_results import schedule_from_pb
+from ops.client.results import status_from_pb
 from protocol import pb
 from runtime.errors import InvalidArgument
 from runtime.settings.leader import (
