@@ -230,8 +230,11 @@ def test_status_json_prints_the_stable_keys(launch: Launch) -> None:
             "unhealthy_since_unix_s",
             "resources",
             "resources_in_use",
+            "usage",
         }
         assert (worker["resources"], worker["resources_in_use"]) == ({}, {})
+        # what the worker uses, from its latest sample (None until its first is stored)
+        assert worker["usage"] is None or set(worker["usage"]) == {"cpu_millis", "memory_mb", "age_s"}
         assert worker["state"] == "alive"
         assert (worker["unhealthy"], worker["unhealthy_reason"], worker["unhealthy_since_unix_s"]) == (
             False,
