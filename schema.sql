@@ -1244,56 +1244,46 @@ BEGIN
            coalesce(array_agg(id) FILTER (WHERE NOT was_active), '{}')
       INTO late, late_ids FROM recorded;
 
-    -- Not started (agent/messages.py, JobState.NOT_STARTED): the worker accepted the
-    -- assignment, never started it, and ended it on its own (its reaper found the fence
-    -- deadline passed), while its incarnation lives on. Nothing ran, so the assignment ends
-    -- 'stopped' (end_reason 'not_started') and the job is placed again at once, with no attempt
-    -- spent, no loss counted and no backoff (as after a clean leave); a job whose cancel was
-    -- asked ends cancelled. Safe unfenced for the reason a retry is (docs/design.md): the run
-    -- has ended, by the word of the only worker it was addressed to, so invariant 6 holds, and
-    -- the placement that follows is fenced as any. Only an active assignment of this worker
-    -- is ended: a report that comes after the leader ended it (worker declared dead, or
-    -- registered again) changes nothing, the leader's requeue stands.
+    -- Ended by the worker's fence on its own, while its incarnation may live on: the only
+    -- report that ends such an assignment. Not started (agent/messages.py,
+    -- JobState.NOT_STARTED): accepted, never started (its reaper found the fence deadline
+    -- passed); nothing ran, so the assignment ends 'stopped' (end_reason 'not_started') and the
+    -- job is placed again at once, with no attempt spent, no loss counted and no backoff (as
+    -- after a clean leave); a job whose cancel was asked ends cancelled. Fenced
+    -- (JobState.FENCED): started, then killed by its reaper, which found the kill deadline
+    -- passed before its agent did; the run is lost as with a dead worker: the assignment ends
+    -- 'lost' (end_reason 'self_fence', counted when the job counts losses) and the job goes by
+    -- after_loss, placed again at once (no backoff: the leader's caps are its own settings, and
+    -- the worker that lost it is alive). Safe unfenced for the reason a retry is
+    -- (docs/design.md): the run has ended, by the word of the only worker it was addressed to,
+    -- so invariant 6 holds, and the placement that follows is fenced as any. Only an active
+    -- assignment of this worker is ended: a report that comes after the leader ended it
+    -- (worker declared dead, or registered again) changes nothing, the leader's requeue stands.
     WITH o AS (
-        SELECT o.assignment_id, o.detail
+        SELECT o.assignment_id, o.state, o.detail
           FROM unnest(p_assignment_ids, p_states, p_details) AS o(assignment_id, state, detail)
-         WHERE o.state = 'not_started'
+         WHERE o.state IN ('not_started', 'fenced')
     ),
-    stopped AS (
+    ended AS (
         UPDATE assignments a
-           SET state = 'stopped', ended_at = now(), end_reason = 'not_started', detail = o.detail
+           SET state = CASE WHEN o.state = 'fenced' THEN 'lost' ELSE 'stopped' END,
+               ended_at = now(),
+               end_reason = CASE WHEN o.state = 'fenced' THEN 'self_fence' ELSE 'not_started' END,
+               detail = o.detail,
+               counted = o.state = 'fenced' AND (SELECT count_lost FROM jobs WHERE jobs.id = a.job_id)
           FROM o
          WHERE a.id = o.assignment_id AND a.worker_id = p_worker_id AND a.state = 'active'
-     RETURNING a.job_id
-    )
-    SELECT requeue_unspent(array_agg(job_id)) INTO requeued FROM stopped;
-
-    -- Fenced (agent/messages.py, JobState.FENCED): the run started and the worker's fence
-    -- killed it on its own (its reaper found the kill deadline passed before its agent did),
-    -- while its incarnation may live on. The run is lost as with a dead worker: the assignment
-    -- ends 'lost' (end_reason 'self_fence', counted when the job counts losses) and the job
-    -- goes by after_loss, placed again at once (no backoff: the leader's caps are its own
-    -- settings, and the worker that lost it is alive). Safe unfenced as not_started above: the
-    -- run has ended by the word of the only worker it was addressed to. Only an active
-    -- assignment of this worker is ended; a report after the leader ended it changes nothing.
-    WITH o AS (
-        SELECT o.assignment_id, o.detail
-          FROM unnest(p_assignment_ids, p_states, p_details) AS o(assignment_id, state, detail)
-         WHERE o.state = 'fenced'
+     RETURNING a.job_id, a.end_reason, a.counted
     ),
     lost AS (
-        UPDATE assignments a
-           SET state = 'lost', ended_at = now(), end_reason = 'self_fence', detail = o.detail,
-               counted = (SELECT count_lost FROM jobs WHERE jobs.id = a.job_id)
-          FROM o
-         WHERE a.id = o.assignment_id AND a.worker_id = p_worker_id AND a.state = 'active'
-     RETURNING a.job_id, a.counted
+        UPDATE jobs j
+           SET (state, losses, failures, started_at, finished_at, pending_seq, pending_xid, not_before,
+                reason, detail) = (SELECT * FROM after_loss(j, 'self_fence', true, e.counted, '{}'))
+          FROM ended e
+         WHERE e.end_reason = 'self_fence' AND j.id = e.job_id AND j.state IN ('assigned', 'running')
     )
-    UPDATE jobs j
-       SET (state, losses, failures, started_at, finished_at, pending_seq, pending_xid, not_before,
-            reason, detail) = (SELECT * FROM after_loss(j, 'self_fence', true, l.counted, '{}'))
-      FROM lost l
-     WHERE j.id = l.job_id AND j.state IN ('assigned', 'running');
+    SELECT requeue_unspent(array_agg(job_id) FILTER (WHERE end_reason = 'not_started'))
+      INTO requeued FROM ended;
 
     IF late > 0 THEN
         -- A late outcome ends the job (step 3 above), but a late failure of a job with
