@@ -490,7 +490,7 @@ class Client(WorkerCalls, ScheduleCalls):
         started yet, or its worker keeps no output of that run), InvalidArgument (a sleep job),
         NoControlPlaneReachable (its ``failures`` are PeerUnavailable where a replica could not
         reach the worker), ClusterBusy, PermissionDenied. A replica that sends no first chunk
-        within :data:`ops.client.streams.LOG_OPEN_S` is passed over. A stream that breaks after a chunk (Unavailable,
+        within ``streams.LOG_OPEN_S`` is passed over. A stream that breaks after a chunk (Unavailable,
         or nothing for :data:`LOG_IDLE_S`) is opened again on any replica from the next byte;
         after :data:`LOG_RESUMES` such openings in a row with nothing received, the iteration
         ends with the last error. With ``follow``, a run that ended while the job will run
