@@ -154,7 +154,6 @@ class GangQueue:
             job, task, _reason, wait = held[rank]
             held[rank] = (job, task, reason, wait)
             self._dirty.add(gang_id)
-            self._whole = None
 
     def whole(self) -> list[PendingGang]:
         """The gangs all of whose tasks are held, by priority (highest first), then gang id

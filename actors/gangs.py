@@ -16,7 +16,7 @@ from actors.gang_queue import PendingGang
 from actors.pending_queue import PendingJob, PendingQueue
 from actors.placement import Devices
 from actors.quotas import AccountQuota
-from actors.rooms import ReasonCache, WorkerRoom, workers_key
+from actors.rooms import ReasonCache, WorkerRoom
 from actors.rooms import unschedulable_reason as job_unschedulable_reason
 from runtime.accounts import quota_reason
 from runtime.constraints import satisfied
@@ -220,7 +220,7 @@ def place_gangs(
     # Per shape (size, spread, cpu, mem, container, constraints, device ask): whether it can ever
     # fit, worked out once a round; eligibility per (container, constraints, device ask).
     eligible_of: dict[tuple[bool, tuple[object, ...], tuple[object, ...]], np.ndarray] = {}
-    never_of = {} if memo is None else memo.for_gangs(workers_key(ordered, repeats=True))
+    never_of = {} if memo is None else memo.for_gangs(memo.key_of(ordered, repeats=True))
     fits_of: dict[tuple[object, ...], int] = {}
     allowed_of: dict[tuple[int, tuple[object, ...]], np.ndarray] = {}
     changes = 0

@@ -16,7 +16,7 @@ import numpy as np
 from actors.fair_share import AccountShare, fair_order
 from actors.pending_queue import DeviceAsk, PendingJob, PendingQueue
 from actors.quotas import AccountQuota, QuotaLedger
-from actors.rooms import ReasonCache, WorkerRoom, fits_by_kind, workers_key
+from actors.rooms import ReasonCache, WorkerRoom, fits_by_kind
 from runtime.constraints import satisfied
 from runtime.loops import finish
 from runtime.settings.leader import PLACEMENT_POLICIES
@@ -256,7 +256,7 @@ def place_queue_steps(
     # The reasons, one per shape of the jobs no worker could hold (from the cache while the
     # workers that take placements are the same): no Python work per job.
     cache = ReasonCache() if reason_cache is None else reason_cache
-    key = workers_key(ordered)
+    key = cache.key_of(ordered)
     stuck = np.flatnonzero(~holdable)
     stuck_shapes = queue.shape[stuck]
     by_shape: dict[int, str] = {}

@@ -92,6 +92,25 @@ class ReasonCache:
     """Gang shapes' reasons (:func:`actors.gangs.place_gangs`), valid for the rooms whose
     capacities are :attr:`gang_key` (gangs count workers: one key per room, repeats kept)."""
 
+    _keys: dict[bool, tuple[tuple[Any, ...], list[Any], tuple[Any, ...]]] = attrs.field(factory=dict)
+    """``repeats`` -> the identity of the last workers :meth:`key_of` read (capacities and the
+    ids of their label and device maps), those maps (kept, so that no other map can take their
+    ids meanwhile), and their key."""
+
+    def key_of(self, workers: Sequence[WorkerRoom], *, repeats: bool = False) -> tuple[Any, ...]:
+        """:func:`workers_key` of ``workers``, kept while the same workers come back: a round's
+        rooms hold the very label and device maps of the last round's for the workers whose rows
+        did not change (actors/placer_store.py), so most rounds find it."""
+        ident = tuple(
+            (w.cpu_millis, w.memory_mb, w.runs_containers, id(w.labels), id(w.resources)) for w in workers
+        )
+        kept = self._keys.get(repeats)
+        if kept is not None and kept[0] == ident:
+            return kept[2]
+        key = workers_key(workers, repeats=repeats)
+        self._keys[repeats] = (ident, [(w.labels, w.resources) for w in workers], key)
+        return key
+
     def for_gangs(self, key: tuple[Any, ...]) -> dict[tuple[Any, ...], str | None]:
         """The gang shapes' reasons for rooms whose capacities are ``key``: emptied first when
         they are other rooms'."""
@@ -131,15 +150,8 @@ def workers_key(workers: Sequence[WorkerRoom], *, repeats: bool = False) -> tupl
     """What :func:`unschedulable_reason` reads of ``workers``: the distinct (cpu_millis,
     memory_mb, runs_containers, labels, device counts offered) among them, sorted. Equal keys
     give equal reasons. With ``repeats``, each worker's, repeats kept: what a gang's reason reads
-    (it counts workers, :func:`actors.gangs.place_gangs`). Kept for the last workers seen (per
-    ``repeats``): a round's rooms hold the very label and device maps of the last round's for
-    the workers whose rows did not change (actors/placer_store.py), so most rounds find it."""
-    ident = tuple(
-        (w.cpu_millis, w.memory_mb, w.runs_containers, id(w.labels), id(w.resources)) for w in workers
-    )
-    kept = _LAST_KEYS.get(repeats)
-    if kept is not None and kept[0] == ident:
-        return kept[2]
+    (it counts workers, :func:`actors.gangs.place_gangs`). :meth:`ReasonCache.key_of` keeps it
+    across rounds."""
     each = (
         (
             w.cpu_millis,
@@ -150,15 +162,7 @@ def workers_key(workers: Sequence[WorkerRoom], *, repeats: bool = False) -> tupl
         )
         for w in workers
     )
-    key = tuple(sorted(each if repeats else set(each)))
-    # The maps themselves are kept with it, so that no other map can take their ids meanwhile.
-    _LAST_KEYS[repeats] = (ident, [(w.labels, w.resources) for w in workers], key)
-    return key
-
-
-_LAST_KEYS: dict[bool, tuple[tuple[Any, ...], list[Any], tuple[Any, ...]]] = {}
-"""``repeats`` -> the identity of the last workers :func:`workers_key` read (capacities and the
-ids of their label and device maps), those maps, and their key."""
+    return tuple(sorted(each if repeats else set(each)))
 
 
 def unschedulable_reason(job: PendingJob, workers: Sequence[WorkerRoom]) -> str | None:

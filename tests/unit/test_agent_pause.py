@@ -287,84 +287,46 @@ async def test_the_registration_after_a_reregister_reply_stops_paused_jobs_first
 
 
 @attrs.define
-class RefusedAtTheFence:
-    """A runner whose every job's reaper finds the jobs paused when it comes to start it and
-    gives up (as one does that cannot read the deadline file): fenced, never started."""
+class EndedAtTheFence:
+    """A runner whose every job its reaper ends at the fence while the agent is paused, on its
+    own: with ``started``, a job that ran, killed at a kill deadline the agent has not reached
+    (the reaper's clock reads the deadline file a little ahead, or reads an older deadline);
+    without, one whose reaper found the jobs paused as it came to start it and gave up (as one
+    does that cannot read the deadline file)."""
 
-    async def __call__(self, runtime: JobRuntime, *, pause: Any = None, **_: Any) -> JobResult:
-        while pause.paused_since() is None:
-            await pause.changed.wait()
-        return JobResult(
-            state=JobState.CANCELLED,
-            stopped=True,
-            fenced=True,
-            exit_code=None,
-            began_at=0.0,
-            ended_at=0.0,
-            detail="killed by its reaper at the fence deadline: not started: the fence deadline had passed",
-            started=False,
-        )
-
-
-async def test_a_job_its_reaper_refused_during_a_pause_is_reported_not_started(
-    tmp_path: Path, autojump_clock: Any
-) -> None:
-    """A job that ends unstarted at the fence during a pause that then resumes (the same
-    incarnation lives on) is reported ``not_started`` until a reply acknowledges it, so the
-    control plane ends its assignment: nothing else would."""
-    cp = ScriptedControlPlane()
-    agent = Agent(agent_settings(tmp_path, db_outage_grace_s=GRACE_S), cp, runner=RefusedAtTheFence())
-    async with trio.open_nursery() as nursery:
-        await nursery.start(agent.run, "127.0.0.1:9")
-        await agent.wait_registered()
-        assert assign(agent, sleep_job(1)) == {1: "accepted"}
-        await trio.sleep(0.1)
-        cp.mode = "down"
-        await trio.sleep(FENCE_S + 2.0)
-        cp.mode = "up"
-        await trio.sleep(2 * HEARTBEAT_S + 1.5)
-        assert agent.incarnation == 1 and agent.running_assignment_ids == ()
-        nursery.cancel_scope.cancel()
-    assert stops(tmp_path) == {1: "self_fence"}
-    reported = [(t, o) for t, hb in cp.heartbeats for o in hb.finished]
-    assert {o.assignment_id for _, o in reported} == {1}
-    assert {o.state for _, o in reported} == {JobState.NOT_STARTED}
-    assert "not started" in reported[0][1].detail
-    # Carried until acknowledged, then no more.
-    assert cp.heartbeats[-1][1].finished == ()
-    assert len(cp.registrations) == 1
-
-
-@attrs.define
-class KilledAtTheFence:
-    """A runner whose every job starts, then is killed by its reaper at the fence while the
-    agent is paused and its own kill deadline not yet reached (the reaper's clock reads the
-    deadline file a little ahead, or reads an older deadline): fenced, started."""
+    started: bool
 
     async def __call__(self, runtime: JobRuntime, *, pause: Any = None, **_: Any) -> JobResult:
         began_at = trio.current_time()
         while pause.paused_since() is None:
             await pause.changed.wait()
+        ran = "killed by signal 9" if self.started else "not started: the fence deadline had passed"
         return JobResult(
             state=JobState.CANCELLED,
             stopped=True,
             fenced=True,
-            exit_code=-9,
-            began_at=began_at,
-            ended_at=trio.current_time(),
-            detail="killed by its reaper at the fence deadline: killed by signal 9",
-            started=True,
+            exit_code=-9 if self.started else None,
+            began_at=began_at if self.started else 0.0,
+            ended_at=trio.current_time() if self.started else 0.0,
+            detail=f"killed by its reaper at the fence deadline: {ran}",
+            started=self.started,
         )
 
 
-async def test_a_started_job_its_reaper_killed_during_a_pause_is_reported_fenced(
-    tmp_path: Path, autojump_clock: Any
+@pytest.mark.parametrize(
+    ("started", "state", "said"),
+    [(False, JobState.NOT_STARTED, "not started"), (True, JobState.FENCED, "killed by its reaper")],
+)
+async def test_a_job_its_reaper_ended_during_a_pause_is_reported_so_the_control_plane_ends_it(
+    tmp_path: Path, autojump_clock: Any, started: bool, state: JobState, said: str
 ) -> None:
-    """A job that started and was killed by its reaper at the fence during a pause that then
-    resumes (the same incarnation lives on) is reported ``fenced`` until a reply acknowledges
-    it, so the control plane ends its assignment: otherwise it would stay running for ever."""
+    """A job its reaper ends at the fence during a pause that then resumes (the same incarnation
+    lives on) is reported, ``not_started`` when it never started and ``fenced`` when it did,
+    until a reply acknowledges it, so the control plane ends its assignment: nothing else would
+    (a started one stayed running for ever)."""
     cp = ScriptedControlPlane()
-    agent = Agent(agent_settings(tmp_path, db_outage_grace_s=GRACE_S), cp, runner=KilledAtTheFence())
+    runner = EndedAtTheFence(started=started)
+    agent = Agent(agent_settings(tmp_path, db_outage_grace_s=GRACE_S), cp, runner=runner)
     async with trio.open_nursery() as nursery:
         await nursery.start(agent.run, "127.0.0.1:9")
         await agent.wait_registered()
@@ -379,8 +341,9 @@ async def test_a_started_job_its_reaper_killed_during_a_pause_is_reported_fenced
     assert stops(tmp_path) == {1: "self_fence"}
     reported = [(t, o) for t, hb in cp.heartbeats for o in hb.finished]
     assert {o.assignment_id for _, o in reported} == {1}
-    assert {o.state for _, o in reported} == {JobState.FENCED}
-    assert "killed by its reaper" in reported[0][1].detail
+    assert {o.state for _, o in reported} == {state}
+    assert said in reported[0][1].detail
+    # Carried until acknowledged, then no more.
     assert cp.heartbeats[-1][1].finished == ()
     assert len(cp.registrations) == 1
 
