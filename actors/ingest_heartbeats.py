@@ -122,21 +122,22 @@ class HeartbeatHandlers(JobHandlers):
         finished = list(request.finished)
         check_outcomes(finished)
         usage = usage_rows(request)
-        reply = await self._record_heartbeat(worker_id, request, finished, hold_ms, usage)
+        reply = None
+        if not finished and not hold_ms:
+            reply = await self._grouped_heartbeat(worker_id, request, usage)
+        if reply is None:
+            reply = await self._heartbeat_alone(worker_id, request, finished, hold_ms, usage)
         if not reply.reregister:
             # Only a recorded heartbeat of a live incarnation says a wait.
             self.heartbeat_waits.add(trio.current_time(), worker_id, request.waited_ms)
         return reply
 
-    async def _record_heartbeat(
-        self,
-        worker_id: str,
-        request: pb.HeartbeatRequest,
-        finished: list[pb.JobOutcome],
-        hold_ms: int,
-        usage: tuple[UsageRow, ...],
-    ) -> pb.HeartbeatReply:
-        if self.heartbeat_group is not None and not finished and not hold_ms:
+    async def _grouped_heartbeat(
+        self, worker_id: str, request: pb.HeartbeatRequest, usage: tuple[UsageRow, ...]
+    ) -> pb.HeartbeatReply | None:
+        """A liveness-only heartbeat recorded in a group; None: no group runs, or the group
+        skipped it (its worker's row was locked), so it goes in a statement of its own."""
+        if self.heartbeat_group is not None:
             deadline = rpc_deadline()
             self._check_deadline("heartbeat", deadline)
             answer = await self.heartbeat_group.record(
@@ -152,7 +153,7 @@ class HeartbeatHandlers(JobHandlers):
             )
             if not answer.skipped:
                 return self._heartbeat_reply(worker_id, request.incarnation, answer)
-        return await self._heartbeat_alone(worker_id, request, finished, hold_ms, usage)
+        return None
 
     async def run_heartbeat_group(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

@@ -21,21 +21,9 @@ import grpclib.const
 import grpclib.exceptions
 import trio
 
+from runtime import errors
 from runtime.aio.bridge import CLEANUP_DEADLINE_S, run_aio
-from runtime.errors import (
-    Busy,
-    ConnectionRefused,
-    FailedPrecondition,
-    HandshakeRefused,
-    IdempotencyConflict,
-    InvalidArgument,
-    NotFound,
-    PeerUnavailable,
-    PermissionDenied,
-    RemoteError,
-    StockadeError,
-    Unavailable,
-)
+from runtime.errors import ConnectionRefused, HandshakeRefused, PeerUnavailable, StockadeError, Unavailable
 from runtime.identifiers import parse_address
 from runtime.tls import TlsTarget, describe_tls_error
 
@@ -138,7 +126,7 @@ class GrpcChannel:
         if isinstance(exc, grpclib.exceptions.GRPCError):
             message = exc.message or ""
             if exc.status == grpclib.const.Status.RESOURCE_EXHAUSTED:
-                return Busy(f"{self.address}: {message}")
+                return errors.Busy(f"{self.address}: {message}")
             if exc.status == grpclib.const.Status.UNAVAILABLE:
                 return PeerUnavailable(f"{self.address}: UNAVAILABLE: {message}", detail=message)
             if exc.status in _RETRYABLE_STATUS:
@@ -146,8 +134,8 @@ class GrpcChannel:
             if exc.status in _REFUSALS:
                 return _REFUSALS[exc.status](message)
             if exc.status in (grpclib.const.Status.PERMISSION_DENIED, grpclib.const.Status.UNAUTHENTICATED):
-                return PermissionDenied(f"{self.address}: {message}")
-            return RemoteError(exc.status.name, message)
+                return errors.PermissionDenied(f"{self.address}: {message}")
+            return errors.RemoteError(exc.status.name, message)
         if isinstance(exc, TimeoutError) and exc.args == ("Deadline exceeded",):
             # grpclib's own deadline (grpclib.utils.DeadlineWrapper) ended the call.
             return Unavailable(f"{self.address}: DEADLINE_EXCEEDED: the call's deadline passed")
@@ -234,7 +222,7 @@ class GrpcChannel:
         self._channel.close()
 
 
-class _RemoteInvalid(InvalidArgument):
+class _RemoteInvalid(errors.InvalidArgument):
     """INVALID_ARGUMENT from a peer: keeps the peer's message as the whole text."""
 
     def __init__(self, message: str) -> None:
@@ -247,9 +235,9 @@ class _RemoteInvalid(InvalidArgument):
 
 _REFUSALS: dict[grpclib.const.Status, Callable[[str], StockadeError]] = {
     grpclib.const.Status.INVALID_ARGUMENT: _RemoteInvalid,
-    grpclib.const.Status.NOT_FOUND: NotFound,
-    grpclib.const.Status.FAILED_PRECONDITION: FailedPrecondition,
-    grpclib.const.Status.ALREADY_EXISTS: IdempotencyConflict,
+    grpclib.const.Status.NOT_FOUND: errors.NotFound,
+    grpclib.const.Status.FAILED_PRECONDITION: errors.FailedPrecondition,
+    grpclib.const.Status.ALREADY_EXISTS: errors.IdempotencyConflict,
 }
 """The peer's own refusals, whose message is kept whole."""
 
