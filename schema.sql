@@ -338,8 +338,8 @@ CREATE UNIQUE INDEX IF NOT EXISTS assignment_units_one_active_holder
 -- assignments' gang_attempt); broken: the newest attempt a task of which ended other than
 -- succeeded (its other tasks are stopped, and all of them placed again once every one ended);
 -- spent: the newest attempt that spent one of its attempts (each attempt spends at most one);
--- failures: the attempts spent (a task failed or was lost), against max_attempts (its tasks'
--- spec's); state: 'live' until the gang succeeded (every task did), failed (detail: why) or was
+-- failures: the attempts spent (a task failed, timed out, or was lost with count_lost), against
+-- max_attempts (its tasks' spec's); state: 'live' until the gang succeeded (every task did), failed (detail: why) or was
 -- cancelled. Written by the submission and by the routine gang_runs_ended, never by Python.
 CREATE TABLE IF NOT EXISTS gangs (
     id            bigint      PRIMARY KEY,
@@ -485,7 +485,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 -- This file's version: the newest migration's (actors/migrations/).
-INSERT INTO schema_version (version) VALUES (15) ON CONFLICT (version) DO NOTHING;
+INSERT INTO schema_version (version) VALUES (16) ON CONFLICT (version) DO NOTHING;
 
 -- ================================================================ routines
 -- Everything below is functions, triggers and views, each CREATE OR REPLACE: applied with the
@@ -999,8 +999,9 @@ END $$;
 -- transaction of the end. The task's own job went as every job goes (after_run, after_loss,
 -- requeue_unspent) in the same statement; then, per gang:
 -- - the first end of a task of the gang's newest attempt other than a success breaks that
---   attempt; the attempt spends one of the gang's attempts (once) when a run of it failed or was
---   lost (counted, or lost), then or later; the gang's other active tasks of that attempt are asked to stop (the preemption's stop,
+--   attempt; the attempt spends one of the gang's attempts (once) when a run of it spent its
+--   job's (counted: failed, timed out, or lost with count_lost, as a single job's), then or later;
+--   the gang's other active tasks of that attempt are asked to stop (the preemption's stop,
 --   preempted_by NULL: queries.PREEMPT_DUE_ASSIGNMENTS), and its tasks that succeeded in it
 --   (before the break, or after it: a stop too late) are pending again (the gang runs again
 --   whole); the gang fails once its attempts are spent, and is cancelled when a task's cancel was
@@ -1030,7 +1031,7 @@ BEGIN
        FOR UPDATE OF g;
     WITH ended AS (
         SELECT j.gang_id, a.gang_attempt AS attempt,
-               bool_or(a.counted OR a.state = 'lost') AS spends,
+               bool_or(a.counted) AS spends,
                bool_or(NOT (a.state = 'finished' AND a.outcome IS NOT DISTINCT FROM 'succeeded')) AS breaks,
                bool_or(j.cancel_requested) AS cancelled,
                string_agg(DISTINCT 'task ' || j.gang_rank || ' ' || coalesce(a.end_reason, a.state), ', ')

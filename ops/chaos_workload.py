@@ -127,7 +127,7 @@ class Workload:
                 spec.sleep = pb.SleepRuntime(duration_ms=int(1000 * duration_s))
             if gang:
                 # A gang of sleep tasks that may meet worker kills: its final state is not judged
-                # by the submitter (each kill of one of its workers spends an attempt).
+                # by the submitter (a kill breaks its attempt; with count_lost off it spends none).
                 fails = False
                 spec.sleep = pb.SleepRuntime(duration_ms=int(1000 * duration_s))
                 spec.command = None

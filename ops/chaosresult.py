@@ -126,7 +126,7 @@ class ChaosSettings:
 GANG_EVERY = 5
 """With ``--gangs``, every fifth submission is a gang."""
 GANG_MAX_ATTEMPTS = 20
-"""A chaos gang's attempts: enough for the worker kills it may meet."""
+"""A chaos gang's attempts (its kills spend none: count_lost is off; a spare for anything else)."""
 GANG_SAMPLE_EVERY_S = 0.5
 """How often a chaos run with ``--gangs`` reads the view ``partial_gangs``."""
 FINISH_PROGRESS_EVERY_S = 30.0

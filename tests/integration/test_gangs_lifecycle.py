@@ -1,6 +1,7 @@
 """Gangs on a real PostgreSQL (docs/gangs.md): a gang's tasks are claimed all or none in one
 statement, each with the gang's attempt and a port of its own; a task that fails or is lost stops
-the others and the gang runs again whole, one attempt spent; spent, the gang fails whole; no
+the others and the gang runs again whole, one attempt spent (by a loss only with count_lost);
+spent, the gang fails whole; no
 committed state holds a partial gang (the view partial_gangs).
 
 The leader's statements run directly on an admin connection holding the lease at epoch 1; the
@@ -45,7 +46,13 @@ class Cluster:
         )
 
     async def submit_gang(
-        self, tasks: int, *, max_attempts: int = 1, spread: bool = False, gpu: int = 0
+        self,
+        tasks: int,
+        *,
+        max_attempts: int = 1,
+        spread: bool = False,
+        gpu: int = 0,
+        count_lost: bool = False,
     ) -> list[int]:
         """A gang of ``tasks`` command tasks, each asking ``gpu`` gpu (0: none); its task ids by rank."""
         reply = await self.cp.call(
@@ -57,6 +64,7 @@ class Cluster:
                     memory_mb=64,
                     command=pb.CommandRuntime(argv=["true"]),
                     max_attempts=max_attempts,
+                    count_lost=count_lost,
                     tasks=tasks,
                     spread=spread,
                     resources=[pb.ResourceCount(name="gpu", count=gpu)] if gpu else [],
@@ -218,22 +226,40 @@ async def test_a_gang_whose_attempts_are_spent_fails_whole(cluster: Cluster) -> 
     assert await cluster.states(tasks) == ["failed", "failed"]
 
 
-async def test_a_task_lost_with_its_worker_stops_the_others(cluster: Cluster) -> None:
-    """A spread gang's task lost with its dead worker spends an attempt and stops the task on the
-    live worker; both are then pending together."""
+@pytest.mark.parametrize(("count_lost", "spent"), [(False, 0), (True, 1)])
+async def test_a_task_lost_with_its_worker_stops_the_others(
+    cluster: Cluster, count_lost: bool, spent: int
+) -> None:
+    """A spread gang's task lost with its dead worker breaks the attempt and stops the task on
+    the live worker; both are then pending together. The loss spends one of the gang's attempts
+    only when its tasks count losses, as a single job's loss does: with one attempt, a gang that
+    does not count them is placed again, one that does fails."""
     one = await cluster.register("w-1", "10.0.0.1:9000")
     two = await cluster.register("w-2", "10.0.0.2:9000")
-    tasks = await cluster.submit_gang(2, max_attempts=3, spread=True)
+    tasks = await cluster.submit_gang(
+        2, max_attempts=2 if count_lost else 1, spread=True, count_lost=count_lost
+    )
     placed = await cluster.place([(tasks[0], "w-1", one), (tasks[1], "w-2", two)])
     assert len(placed) == 2
     await cluster.admin.execute("UPDATE workers SET state = 'dead' WHERE id = 'w-2'")
     row = await cluster.admin.fetchrow(queries.END_ORPHANED_ASSIGNMENTS, EPOCH, [], 500)
     assert row is not None and list(row["ended_ids"]) == [placed[tasks[1]]]
     gang = await cluster.gang(tasks[0])
-    assert (gang["broken"], gang["failures"]) == (1, 1)
+    assert (gang["state"], gang["broken"], gang["failures"]) == ("live", 1, spent)
     assert await cluster.partial() == 0
     assert await cluster.stop_marked() == [placed[tasks[0]]]
     assert await cluster.states(tasks) == ["pending", "pending"]
+    # The second attempt is lost too: without count_lost still nothing is spent; with it the
+    # gang's last attempt is, and the gang fails whole.
+    three = await cluster.register("w-3", "10.0.0.3:9000")
+    placed = await cluster.place([(tasks[0], "w-1", one), (tasks[1], "w-3", three)])
+    assert len(placed) == 2
+    await cluster.admin.execute("UPDATE workers SET state = 'dead' WHERE id = 'w-3'")
+    await cluster.admin.fetchrow(queries.END_ORPHANED_ASSIGNMENTS, EPOCH, [], 500)
+    await cluster.stop_marked()
+    gang = await cluster.gang(tasks[0])
+    assert (gang["state"], gang["failures"]) == (("failed", 2) if count_lost else ("live", 0))
+    assert await cluster.states(tasks) == (["failed", "failed"] if count_lost else ["pending", "pending"])
 
 
 async def test_a_gang_succeeds_when_every_task_did(cluster: Cluster) -> None:

@@ -1,0 +1,3 @@
+-- Version 16: a gang's attempt broken by a lost run spends one of the gang's attempts only when
+-- its tasks count losses (count_lost), as a single job's loss does (docs/gangs.md, "Failure").
+-- No table changes: schema.sql's routines, applied with this migration, replace gang_runs_ended.
