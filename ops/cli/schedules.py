@@ -24,7 +24,7 @@ from ops.cli.common import (
     with_client,
 )
 from ops.cli.fast import spec_of_submit_options
-from ops.cli.options import ControlPlanesOption, IdempotencyKeyOption, JsonOption
+from ops.cli.options import ControlPlanesOption, IdempotencyKeyOption, JsonOption, quiet_option
 
 if TYPE_CHECKING:
     from ops.client import Schedule
@@ -150,7 +150,7 @@ schedule_app.command("add")(add)
 @schedule_app.command("list")
 def list_schedules(
     account: Annotated[
-        str | None, typer.Option(help="Only this account's (default: all you may see).", show_default=False)
+        str | None, quiet_option(help="Only this account's (default: all you may see).")
     ] = None,
     as_json: JsonOption = False,
     control_planes: ControlPlanesOption = None,
