@@ -13,7 +13,7 @@ import typer
 
 from ops.cli.base import command_group
 from ops.cli.common import control_plane_addresses, errors, with_client
-from ops.cli.options import ControlPlanesOption, JsonOption
+from ops.cli.options import ControlPlanesOption, JsonOption, quiet_option
 
 account_app = command_group(
     "account",
@@ -25,29 +25,21 @@ account_app = command_group(
 def set_account(
     name: Annotated[str, typer.Argument(help="The account (a user's id).")],
     cpu_millis: Annotated[
-        int | None,
-        typer.Option(help="Cap on the cpu_millis its assigned and running jobs hold.", show_default=False),
+        int | None, quiet_option(help="Cap on the cpu_millis its assigned and running jobs hold.")
     ] = None,
     memory_mb: Annotated[
-        int | None,
-        typer.Option(help="Cap on the memory_mb its assigned and running jobs hold.", show_default=False),
+        int | None, quiet_option(help="Cap on the memory_mb its assigned and running jobs hold.")
     ] = None,
     max_pending: Annotated[
-        int | None,
-        typer.Option(
-            help="Cap on its pending and waiting jobs; a submission past it is refused.", show_default=False
-        ),
+        int | None, quiet_option(help="Cap on its pending and waiting jobs; a submission past it is refused.")
     ] = None,
     max_priority: Annotated[
         int | None,
-        typer.Option(
-            help="The highest priority its users' jobs may have (0 unless set; operators are not capped).",
-            show_default=False,
+        quiet_option(
+            help="The highest priority its users' jobs may have (0 unless set; operators are not capped)."
         ),
     ] = None,
-    weight: Annotated[
-        float | None, typer.Option(help="Its fair-share weight (> 0; 1 unless set).", show_default=False)
-    ] = None,
+    weight: Annotated[float | None, quiet_option(help="Its fair-share weight (> 0; 1 unless set).")] = None,
     clear_cpu_millis: Annotated[bool, typer.Option(help="Remove the cpu_millis cap.")] = False,
     clear_memory_mb: Annotated[bool, typer.Option(help="Remove the memory_mb cap.")] = False,
     clear_max_pending: Annotated[bool, typer.Option(help="Remove the max_pending cap.")] = False,

@@ -12,23 +12,20 @@ import typer
 
 from ops.cli.base import app
 from ops.cli.common import control_plane_addresses, errors, with_client
-from ops.cli.options import ControlPlanesOption, JsonOption
+from ops.cli.options import ControlPlanesOption, JsonOption, quiet_option
 from runtime import validation
 
 
 @app.command("audit")
 def audit(
     account: Annotated[
-        str | None,
-        typer.Option(help="Only this account's rows (a user reads its own only).", show_default=False),
+        str | None, quiet_option(help="Only this account's rows (a user reads its own only).")
     ] = None,
     action: Annotated[
-        str | None,
-        typer.Option(help=f"Only this action ({', '.join(validation.AUDIT_ACTIONS)}).", show_default=False),
+        str | None, quiet_option(help=f"Only this action ({', '.join(validation.AUDIT_ACTIONS)}).")
     ] = None,
     since_s: Annotated[
-        float | None,
-        typer.Option("--since-s", help="Only rows of the last this many seconds.", show_default=False),
+        float | None, quiet_option("--since-s", help="Only rows of the last this many seconds.")
     ] = None,
     limit: Annotated[
         int,

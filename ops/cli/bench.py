@@ -13,6 +13,7 @@ import typer
 
 from ops.cli.base import bench_app
 from ops.cli.common import EXIT_INVALID, EXIT_UNAVAILABLE, console, err_console, errors, fail, interruptible
+from ops.cli.options import quiet_option
 from ops.config import ClusterError, default_state_dir
 from runtime.settings.leader import PLACEMENT_POLICIES
 
@@ -357,7 +358,7 @@ def bench_scale(
     ] = 10_000,
     heartbeat_interval_s: Annotated[
         float | None,
-        typer.Option(
+        quiet_option(
             min=0.3,
             max=10.0,
             help="A fixed heartbeat interval, seconds (deadline 1.5x, self-fence 3.5x, dead-after 5x; "

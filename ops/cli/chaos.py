@@ -24,6 +24,7 @@ from ops.cli.common import (
     interruptible,
     recorded_local_state,
 )
+from ops.cli.options import quiet_option
 from ops.config import ClusterError, default_state_dir
 from runtime.errors import InvalidArgument
 
@@ -247,12 +248,11 @@ def check(
     ] = None,
     wait_s: Annotated[
         float | None,
-        typer.Option(
+        quiet_option(
             min=0,
             help="Wait up to this long, seconds, for every job to finish before checking; a job still "
             "unfinished then fails the check. [default: no wait; unfinished jobs are reported as "
             "running]",
-            show_default=False,
         ),
     ] = None,
 ) -> None:

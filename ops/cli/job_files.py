@@ -25,7 +25,7 @@ from ops.cli.common import (
     sole_error,
     with_client,
 )
-from ops.cli.options import ControlPlanesOption, IdempotencyKeyOption
+from ops.cli.options import ControlPlanesOption, IdempotencyKeyOption, quiet_option
 from runtime import validation
 from runtime.errors import InvalidArgument
 
@@ -64,11 +64,10 @@ def run(
     ],
     text_format: Annotated[
         str | None,
-        typer.Option(
+        quiet_option(
             "--format",
             metavar="toml|yaml",
             help="Read FILE as TOML or YAML (JSON is YAML) whatever its name.",
-            show_default=False,
         ),
     ] = None,
     check: Annotated[

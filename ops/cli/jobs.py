@@ -28,7 +28,7 @@ from ops.cli.common import (
 )
 from ops.cli.fast import MAX_SLEEP_S, spec_of_submit_options
 from ops.cli.job_files import run, submit_specs
-from ops.cli.options import ControlPlanesOption, IdempotencyKeyOption, JsonOption
+from ops.cli.options import ControlPlanesOption, IdempotencyKeyOption, JsonOption, quiet_option
 from runtime import validation
 from runtime.validation import JOB_STATES, MAX_LIST_LIMIT
 
@@ -87,7 +87,7 @@ def submit(
     ] = None,
     sleep_s: Annotated[
         float | None,
-        typer.Option(
+        quiet_option(
             min=0,
             max=MAX_SLEEP_S,
             help="Submit a sleep job holding its resources this long, seconds (at most a week).",
@@ -95,37 +95,32 @@ def submit(
     ] = None,
     image: Annotated[
         str | None,
-        typer.Option(
+        quiet_option(
             help="Run the command in a Docker container of this image (already on the workers: "
             "nothing is pulled); without a command, the image's own. Only workers labelled "
-            "container=docker take it.",
-            show_default=False,
+            "container=docker take it."
         ),
     ] = None,
     name: Annotated[
         str | None,
-        typer.Option(
-            help="Job name [default: the command's basename, the image's name, or sleep].", show_default=False
-        ),
+        quiet_option(help="Job name [default: the command's basename, the image's name, or sleep]."),
     ] = None,
     priority: Annotated[int, typer.Option(help="Higher runs first; ties by submission order.")] = 0,
     max_attempts: Annotated[
         str | None,
-        typer.Option(
+        quiet_option(
             metavar="N",
             help="Give up after N failed runs (1-100) [default: 1: no retry]: a run that exits "
             "non-zero, is OOM-killed or times out is placed again after its backoff until N have "
             "failed; runs lost with their worker do not count (unless --count-lost).",
-            show_default=False,
         ),
     ] = None,
     retry_backoff_s: Annotated[
         str | None,
-        typer.Option(
+        quiet_option(
             metavar="S",
             help="The retry backoff's base, seconds (0-600) [default: 1]: the n-th retry waits a "
             "random time below S * 2^(n-1), capped at 600 s.",
-            show_default=False,
         ),
     ] = None,
     count_lost: Annotated[
@@ -136,111 +131,100 @@ def submit(
     ] = False,
     timeout_s: Annotated[
         str | None,
-        typer.Option(
+        quiet_option(
             metavar="S",
             help="Kill the job (its whole process tree or container) after S seconds of running "
             "and fail it with reason timeout (0.001 s to a week) [default: no limit].",
-            show_default=False,
         ),
     ] = None,
     constraint: Annotated[
         list[str] | None,
-        typer.Option(
+        quiet_option(
             "--constraint",
             metavar="EXPR",
             help="Run only on workers whose labels satisfy EXPR: key=value, key!=value, key "
             "(exists) or 'key in (a,b)'; repeatable, all must hold.",
-            show_default=False,
         ),
     ] = None,
     resource: Annotated[
         list[str] | None,
-        typer.Option(
+        quiet_option(
             "--resource",
             metavar="NAME=COUNT",
             help="Countable devices each run holds, whole units of one worker, e.g. --resource gpu=2; "
             "repeatable. The job gets their ids as STOCKADE_RESOURCE_<NAME> (and, for gpu, "
             "CUDA_VISIBLE_DEVICES) (docs/devices.md).",
-            show_default=False,
         ),
     ] = None,
     env: Annotated[
         list[str] | None,
-        typer.Option(
+        quiet_option(
             "--env",
             metavar="NAME=VALUE",
             help="Set NAME in the job's environment (split at the first =); repeatable. Names "
             "must not hold = or NUL nor start with STOCKADE_.",
-            show_default=False,
         ),
     ] = None,
     workdir: Annotated[
         str | None,
-        typer.Option(
+        quiet_option(
             metavar="DIR",
             help="The job's working directory, an absolute path that must exist on the worker "
             "[default: the job's own folder on the worker, <agent work dir>/jobs/<job>-<assignment>].",
-            show_default=False,
         ),
     ] = None,
     after: Annotated[
         list[str] | None,
-        typer.Option(
+        quiet_option(
             "--after",
             metavar="ID[,ID...]",
             help="Start only once these jobs have all succeeded (cancelled if one fails); an "
             "array's id stands for all its tasks; repeatable.",
-            show_default=False,
         ),
     ] = None,
     array: Annotated[
         str | None,
-        typer.Option(
+        quiet_option(
             metavar="FIRST-LAST[%N]",
             help="Submit an array of tasks, one per index (STOCKADE_ARRAY_INDEX in their "
             "environment; at most 10000), at most N running at once (e.g. 1-100%10).",
-            show_default=False,
         ),
     ] = None,
     max_failed_tasks: Annotated[
         str | None,
-        typer.Option(
+        quiet_option(
             metavar="N",
             help="With --array: once N tasks have failed for good, cancel the tasks that have not "
             "ended and fail the array (1 to the array's tasks) [default: no limit].",
-            show_default=False,
         ),
     ] = None,
     retry_on_exit: Annotated[
         list[str] | None,
-        typer.Option(
+        quiet_option(
             "--retry-on-exit",
             metavar="CODE[,CODE...]",
             help="Retry a failed run only when it exited with one of these codes (1-255); any "
             "other exit fails the job at once. Runs that fail for a reason (timeout, oom_killed) "
             "are judged by --no-retry-on instead. Repeatable [default: any exit code].",
-            show_default=False,
         ),
     ] = None,
     no_retry_on: Annotated[
         list[str] | None,
-        typer.Option(
+        quiet_option(
             "--no-retry-on",
             metavar="REASON[,REASON...]",
             help="Fail the job at once when a run fails for one of these reasons: timeout, "
             "oom_killed, workdir_not_found, workdir_denied, command_not_found, image_not_found, "
             "no_container_engine, container_error, resources_error. Repeatable.",
-            show_default=False,
         ),
     ] = None,
     tasks: Annotated[
         str | None,
-        typer.Option(
+        quiet_option(
             metavar="N",
             help="Submit a gang of N tasks (1-256) placed all or nothing, each with STOCKADE_GANG_RANK, "
             "STOCKADE_GANG_SIZE, STOCKADE_GANG_PORT and STOCKADE_GANG_PEERS; one failing stops the "
             "others and the gang runs again whole (docs/gangs.md).",
-            show_default=False,
         ),
     ] = None,
     spread: Annotated[
@@ -342,8 +326,7 @@ def _job_events(job_id: int, *, as_json: bool, control_planes: str | None) -> No
 @app.command("list")
 def list_jobs(
     state: Annotated[
-        str | None,
-        typer.Option(help=f"Only jobs in this state ({', '.join(JOB_STATES)}).", show_default=False),
+        str | None, quiet_option(help=f"Only jobs in this state ({', '.join(JOB_STATES)}).")
     ] = None,
     limit: Annotated[
         int,
@@ -355,10 +338,7 @@ def list_jobs(
     ] = 50,
     account: Annotated[
         str | None,
-        typer.Option(
-            help="Only this account's jobs (operators and viewers; a user sees its own only).",
-            show_default=False,
-        ),
+        quiet_option(help="Only this account's jobs (operators and viewers; a user sees its own only)."),
     ] = None,
     as_json: JsonOption = False,
     control_planes: ControlPlanesOption = None,

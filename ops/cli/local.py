@@ -31,7 +31,7 @@ from ops.cli.common import (
     shown_path,
     warn_insecure,
 )
-from ops.cli.options import ControlPlanesOption
+from ops.cli.options import ControlPlanesOption, quiet_option
 from ops.config import (
     STATE_DIR_ENV,
     ClusterError,
@@ -51,21 +51,13 @@ WaitTimeoutOption = Annotated[float, typer.Option(min=0, help="How long --wait w
 def up(
     control_planes: Annotated[
         int | None,
-        typer.Option(
-            min=1,
-            max=9,
-            show_default=False,
-            help="Number of control planes (cp-1..cp-N). [default: as recorded, else 3]",
+        quiet_option(
+            min=1, max=9, help="Number of control planes (cp-1..cp-N). [default: as recorded, else 3]"
         ),
     ] = None,
     workers: Annotated[
         int | None,
-        typer.Option(
-            min=0,
-            max=1000,
-            show_default=False,
-            help="Number of workers (w-1..w-M). [default: as recorded, else 5]",
-        ),
+        quiet_option(min=0, max=1000, help="Number of workers (w-1..w-M). [default: as recorded, else 5]"),
     ] = None,
     fleet_size: Annotated[
         int,
@@ -471,10 +463,9 @@ def kill_worker(
 def prometheus_config(
     out: Annotated[
         Path | None,
-        typer.Option(
+        quiet_option(
             help="Folder to write prometheus.yml and stockade-targets.json into. "
-            "[default: prometheus/ in the state folder]",
-            show_default=False,
+            "[default: prometheus/ in the state folder]"
         ),
     ] = None,
     scrape_interval_s: Annotated[

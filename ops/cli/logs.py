@@ -15,7 +15,7 @@ import typer
 
 from ops.cli.base import app
 from ops.cli.common import control_plane_addresses, err_console, errors, fail, interruptible, with_client
-from ops.cli.options import ControlPlanesOption
+from ops.cli.options import ControlPlanesOption, quiet_option
 from runtime.validation import MAX_TAIL_LINES
 
 if TYPE_CHECKING:
@@ -149,12 +149,11 @@ def logs(
     ] = False,
     tail: Annotated[
         int | None,
-        typer.Option(
+        quiet_option(
             min=0,
             max=MAX_TAIL_LINES,
             metavar="N",
             help="Begin with its last N lines (0: only what comes next) [default: all the worker keeps].",
-            show_default=False,
         ),
     ] = None,
     control_planes: ControlPlanesOption = None,

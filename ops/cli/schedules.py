@@ -24,7 +24,7 @@ from ops.cli.common import (
     with_client,
 )
 from ops.cli.fast import spec_of_submit_options
-from ops.cli.options import ControlPlanesOption, IdempotencyKeyOption, JsonOption
+from ops.cli.options import ControlPlanesOption, IdempotencyKeyOption, JsonOption, quiet_option
 
 if TYPE_CHECKING:
     from ops.client import Schedule
@@ -150,7 +150,7 @@ schedule_app.command("add")(add)
 @schedule_app.command("list")
 def list_schedules(
     account: Annotated[
-        str | None, typer.Option(help="Only this account's (default: all you may see).", show_default=False)
+        str | None, quiet_option(help="Only this account's (default: all you may see).")
     ] = None,
     as_json: JsonOption = False,
     control_planes: ControlPlanesOption = None,
@@ -164,50 +164,36 @@ def list_schedules(
     _print(list(found), as_json=as_json)
 
 
-def _change(verb: str, name: str, key: str | None, control_planes: str | None, as_json: bool) -> None:
-    chosen = idempotency_key_of(key)
-    with errors(), answer_unknown(chosen, f"{verb}d the schedule"):
-        schedule = with_client(
-            control_plane_addresses(control_planes),
-            lambda client: getattr(client, f"{verb}_schedule")(name, idempotency_key=chosen),
-        )
-    _print([schedule], as_json=as_json)
-
-
 NameArgument = Annotated[str, typer.Argument(help="The schedule's name.", show_default=False)]
 
 
-@schedule_app.command("pause")
-def pause(
-    name: NameArgument,
-    idempotency_key: IdempotencyKeyOption = None,
-    as_json: JsonOption = False,
-    control_planes: ControlPlanesOption = None,
-) -> None:
-    """Pause a schedule: none of its slots fires, or is recorded, until it is resumed."""
-    _change("pause", name, idempotency_key, control_planes, as_json)
+def _change_command(verb: str, summary: str) -> None:
+    """Register ``stockade schedule <verb>``, which calls the client's ``<verb>_schedule`` on the
+    schedule named and prints it as ``list`` does; ``summary`` is its help."""
+
+    def change(
+        name: NameArgument,
+        idempotency_key: IdempotencyKeyOption = None,
+        as_json: JsonOption = False,
+        control_planes: ControlPlanesOption = None,
+    ) -> None:
+        chosen = idempotency_key_of(idempotency_key)
+        with errors(), answer_unknown(chosen, f"{verb}d the schedule"):
+            schedule = with_client(
+                control_plane_addresses(control_planes),
+                lambda client: getattr(client, f"{verb}_schedule")(name, idempotency_key=chosen),
+            )
+        _print([schedule], as_json=as_json)
+
+    change.__doc__ = summary
+    schedule_app.command(verb)(change)
 
 
-@schedule_app.command("resume")
-def resume(
-    name: NameArgument,
-    idempotency_key: IdempotencyKeyOption = None,
-    as_json: JsonOption = False,
-    control_planes: ControlPlanesOption = None,
-) -> None:
-    """Resume a paused schedule: its slots start again after now (those of the pause never fire)."""
-    _change("resume", name, idempotency_key, control_planes, as_json)
-
-
-@schedule_app.command("remove")
-def remove(
-    name: NameArgument,
-    idempotency_key: IdempotencyKeyOption = None,
-    as_json: JsonOption = False,
-    control_planes: ControlPlanesOption = None,
-) -> None:
-    """Remove a schedule and the record of its slots; the jobs it fired stay."""
-    _change("remove", name, idempotency_key, control_planes, as_json)
+_change_command("pause", "Pause a schedule: none of its slots fires, or is recorded, until it is resumed.")
+_change_command(
+    "resume", "Resume a paused schedule: its slots start again after now (those of the pause never fire)."
+)
+_change_command("remove", "Remove a schedule and the record of its slots; the jobs it fired stay.")
 
 
 def _when(at: dt.datetime | None, tz: str) -> str:

@@ -24,7 +24,7 @@ from ops.cli.common import (
     interrupted,
     with_client,
 )
-from ops.cli.options import ControlPlanesOption, IdempotencyKeyOption
+from ops.cli.options import ControlPlanesOption, IdempotencyKeyOption, quiet_option
 from runtime import validation
 
 if TYPE_CHECKING:
@@ -173,22 +173,20 @@ def drain(
     worker_id: WorkerIdArgument,
     deadline_s: Annotated[
         float | None,
-        typer.Option(
+        quiet_option(
             "--deadline-s",
             help="Seconds after which the jobs still running on the worker are stopped and placed "
             "elsewhere, with no attempt spent (0: at once; at most 604800, one week). Default: "
             "no deadline, wait for them to end on their own.",
-            show_default=False,
         ),
     ] = None,
     wait_s: Annotated[
         float | None,
-        typer.Option(
+        quiet_option(
             "--wait-s",
             min=0,
             help="Seconds to wait for the worker to be drained before answering (0: answer at "
             "once). Default: until it is drained. The drain goes on either way.",
-            show_default=False,
         ),
     ] = None,
     idempotency_key: IdempotencyKeyOption = None,

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from ops.cli.common import errors, fail
+from ops.cli.options import quiet_option
 from ops.config import default_state_dir
 from runtime.priority import DEFAULT_NICE
 
@@ -50,9 +51,8 @@ PROCESS_OPTIONS = {
     ),
     "certs_dir": Option(
         None,
-        typer.Option(
+        quiet_option(
             "--certs-dir",
-            show_default=False,
             help="Folder with the cluster CA's ca.crt and this process's <id>.crt and <id>.key "
             "(stockade certs issue). [default: the state folder's certs/]",
         ),

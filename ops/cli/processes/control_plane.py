@@ -9,18 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
+from ops.cli import processes
 from ops.cli.base import app
 from ops.cli.common import EXIT_INVALID, errors, fail
-from ops.cli.processes import (
-    PROCESS_OPTIONS,
-    Option,
-    Options,
-    cert_folder,
-    check_tls_files,
-    settings_fields,
-    settings_rows,
-    with_options,
-)
 from runtime.errors import InvalidArgument
 from runtime.priority import check_nice
 from runtime.settings.control_plane import DatabaseWatchSettings, IngestSettings
@@ -37,14 +28,14 @@ _LEASE = LeaseSettings()
 _PLACER = PlacerSettings()
 _RECONCILER = ReconcilerSettings()
 _WATCH = DatabaseWatchSettings()
-_ingest = settings_rows("ingest", functools.partial(getattr, _INGEST))
-_lease = settings_rows("lease", functools.partial(getattr, _LEASE))
-_placer = settings_rows("placer", functools.partial(getattr, _PLACER))
-_reconciler = settings_rows("reconciler", functools.partial(getattr, _RECONCILER))
-_watch = settings_rows("database_watch", functools.partial(getattr, _WATCH))
+_ingest = processes.settings_rows("ingest", functools.partial(getattr, _INGEST))
+_lease = processes.settings_rows("lease", functools.partial(getattr, _LEASE))
+_placer = processes.settings_rows("placer", functools.partial(getattr, _PLACER))
+_reconciler = processes.settings_rows("reconciler", functools.partial(getattr, _RECONCILER))
+_watch = processes.settings_rows("database_watch", functools.partial(getattr, _WATCH))
 
 
-CONTROL_PLANE_OPTIONS: dict[str, Option] = {
+CONTROL_PLANE_OPTIONS: dict[str, processes.Option] = {
     **_lease("lease_ttl_s", help="Lease time to live, seconds."),
     **_lease(
         "max_main_loop_stall_s",
@@ -204,7 +195,7 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         help="A worker is declared dead after this many heartbeat intervals without one, never "
         "sooner than --dead-after-s (at least 3).",
     ),
-    "suspect_after_s": Option(
+    "suspect_after_s": processes.Option(
         None,
         kind=float | None,
         group="reconciler",
@@ -276,7 +267,7 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         help="This long after a worker was marked unhealthy, one job at a time may be placed there "
         "as a probe (its success clears the mark), seconds; 0: no probes.",
     ),
-    "http_port": Option(
+    "http_port": processes.Option(
         0,
         min=0,
         max=65535,
@@ -284,7 +275,7 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         "this replica's certificate, logging in with `stockade console`; with --insecure, plain "
         "HTTP on 127.0.0.1 only, no login.",
     ),
-    **PROCESS_OPTIONS,
+    **processes.PROCESS_OPTIONS,
 }
 """The options of ``stockade cp`` but its address and database, in the order ``--help`` lists
 them: those that set a field of a settings group of :class:`runtime.settings.ControlPlaneSettings`
@@ -292,7 +283,7 @@ them: those that set a field of a settings group of :class:`runtime.settings.Con
 
 
 @app.command("cp")
-@with_options(CONTROL_PLANE_OPTIONS)
+@processes.with_options(CONTROL_PLANE_OPTIONS)
 def control_plane(
     *,
     cp_id: Annotated[str, typer.Option("--id", help="This replica's id, e.g. cp-1.")],
@@ -304,7 +295,7 @@ def control_plane(
             envvar="DATABASE_URL", show_default=False, help="PostgreSQL URL of the shared database."
         ),
     ] = None,
-    options: Options,
+    options: processes.Options,
 ) -> None:
     """Run one control-plane replica in the foreground until SIGTERM or Ctrl-C.
 
@@ -319,11 +310,11 @@ def control_plane(
 
     if not database_url:
         fail("--database-url or DATABASE_URL is required", EXIT_INVALID)
-    folder = cert_folder(options["certs_dir"], options["insecure"])
+    folder = processes.cert_folder(options["certs_dir"], options["insecure"])
     lease_ttl_s = options["lease_ttl_s"]
 
     def group(name: str) -> dict[str, Any]:
-        return settings_fields(CONTROL_PLANE_OPTIONS, options, name)
+        return processes.settings_fields(CONTROL_PLANE_OPTIONS, options, name)
 
     step_down_margin_s = min(0.4, lease_ttl_s / 5)
     with errors():
@@ -356,7 +347,7 @@ def control_plane(
         check_nice(options["nice"])
         if (why := fence_margin_refusal(settings.reconciler)) is not None:
             raise InvalidArgument("dead_after_s", settings.reconciler.dead_after_s, why)
-    check_tls_files(folder, "control-plane", [cp_id], f"control plane {cp_id}")
+    processes.check_tls_files(folder, "control-plane", [cp_id], f"control plane {cp_id}")
     with errors():  # a database that refuses this client for good ends the replica in one line
         control_plane_main(
             settings,
