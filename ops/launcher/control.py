@@ -33,6 +33,7 @@ from ops.launcher.pg_tools import postgres_bin_path
 from ops.launcher.plan import LaunchOptions
 from ops.launcher.ports import free_listen_port
 from ops.launcher.procs import STOP_TIMEOUT_S
+from ops.launcher.spawn import start_logged
 from ops.launcher.state import (
     MARKER_ENV,
     ClusterConfig,
@@ -40,7 +41,6 @@ from ops.launcher.state import (
     ProcessSpec,
     StateDir,
     WorkerSpec,
-    open_log,
 )
 from ops.launcher.up import Launcher
 from runtime.errors import StockadeError
@@ -329,15 +329,7 @@ class LocalCluster(Launcher):
         if spec.kind == "fleet":
             self._write_fleet_spec(spec.id, hosted)
         log_path = self.state.log_path(spec.id)
-        with open_log(log_path) as log_file:
-            process = subprocess.Popen(
-                [sys.executable, *self.launcher, *spec.args],
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
+        process = start_logged([sys.executable, *self.launcher, *spec.args], log_path=log_path, env=env)
         self._children[spec.id] = process
         pidfile.write_pid(self.state.pid_path(spec.id), process.pid)
 

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.parse
@@ -46,7 +45,8 @@ from ops.launcher.pg_secrets import PG_SUPERUSER, write_secret
 from ops.launcher.pg_tools import postgres_bin_path
 from ops.launcher.pg_user import ensure_install_readable, flocked, server_user, socket_dir
 from ops.launcher.ports import free_port
-from ops.launcher.state import LISTEN_HOST, open_log
+from ops.launcher.spawn import start_logged
+from ops.launcher.state import LISTEN_HOST
 from ops.paths import PathBelow
 from runtime.os_users import RunAs, chown, ensure_traversable
 from runtime.text import tail_lines
@@ -377,21 +377,8 @@ class HaPostgres:
         env = {
             key: value for key, value in os.environ.items() if not key.startswith(("PG", "PATRONI_", "ETCD"))
         }
-        kwargs = run_as.subprocess_kwargs() if run_as is not None else {}
         try:
-            with open_log(log_path) as log:
-                if run_as is not None and run_as.is_other_user:
-                    os.fchown(log.fileno(), run_as.uid, run_as.gid)
-                process = subprocess.Popen(
-                    list(argv),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=cwd,
-                    env=env,
-                    start_new_session=True,
-                    **kwargs,
-                )
+            process = start_logged(argv, log_path=log_path, env=env, cwd=cwd, run_as=run_as)
         except OSError as exc:
             raise HaStartError(f"cannot start {name} ({argv[0]}): {exc}") from exc
         pidfile.write_pid(self._pid_path(name), process.pid)

@@ -43,8 +43,8 @@ async def test_the_packing_benchmark_smoke_run_is_correct() -> None:
     )
     with bench_root() as root:
         result = await run_policy(settings, "best_fit", root, lambda line: None)
-    assert result.jobs_finished == 300 and result.unfinished_job_ids == ()
-    assert (result.double_placements, result.double_runs) == (0, 0)
+    assert result.check.jobs_finished == 300 and result.check.unfinished_job_ids == ()
+    assert (result.check.double_placements, result.check.double_runs) == (0, 0)
     assert result.overcommitted_workers == ()
     assert result.placer.rounds > 0 and result.placer.placements == 300
     assert result.cpu_use_waiting is not None and 0 < result.cpu_use_waiting <= 1
@@ -67,7 +67,7 @@ async def test_the_arriving_scenario_smoke_run_is_correct() -> None:
     with bench_root() as root:
         result = await run_policy(settings, "worst_fit", root, lambda line: None, arrival_rate_per_s=30.0)
     assert result.arrival_rate_per_s == 30.0
-    assert result.jobs_finished == 150 and result.unfinished_job_ids == ()
-    assert (result.double_placements, result.double_runs) == (0, 0)
+    assert result.check.jobs_finished == 150 and result.check.unfinished_job_ids == ()
+    assert (result.check.double_placements, result.check.double_runs) == (0, 0)
     assert result.overcommitted_workers == ()
     assert result.placer.placements == 150

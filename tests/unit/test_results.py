@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import attrs
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
@@ -53,6 +54,9 @@ def text(renderable: object) -> str:
     return console.export_text()
 
 
+PACK_CHECK = attrs.evolve(REPORT, jobs_submitted=300, jobs_finished=300, elections=1)
+
+
 def policy(name: str, cpu_use_waiting: float, **changes: object) -> PolicyResult:
     fields: dict[str, object] = {
         "policy": name,
@@ -70,17 +74,9 @@ def policy(name: str, cpu_use_waiting: float, **changes: object) -> PolicyResult
         "mean_pending_while_waiting": 4,
         "waits": WaitFigures(wait_p50_s=0.1),
         "placements_per_s": 3.0,
-        "double_placements": 0,
-        "double_runs": 0,
         "overcommitted_workers": (),
-        "lease_losses": 0,
-        "worker_deaths": 0,
-        "self_fences": 0,
-        "extra_assignments": 0,
-        "lost_successes": 0,
+        "check": PACK_CHECK,
         "probes": ProbeFigures(db_commit_p50_ms=2.0, db_stalls=((3.0, 1.5),)),
-        "jobs_finished": 300,
-        "unfinished_job_ids": (),
         "samples": ((0.5, 0.9, 0.5, 10, 2),),
     }
     fields.update(changes)
@@ -88,10 +84,21 @@ def policy(name: str, cpu_use_waiting: float, **changes: object) -> PolicyResult
 
 
 def test_a_policy_result_is_written_flat_with_its_figures_keys() -> None:
-    """The placer's, the waits' and the probes' figures sit among the policy's own keys, as in
-    bench-pack.json."""
-    data = policy("best_fit", 0.9).to_json()
-    assert {"placer", "waits", "probes"}.isdisjoint(data)
+    """The placer's, the waits' and the probes' figures and the checker's counts sit among the
+    policy's own keys, as in bench-pack.json."""
+    data = policy("best_fit", 0.9, check=attrs.evolve(PACK_CHECK, elections=3, self_fences=1)).to_json()
+    assert {"placer", "waits", "probes", "check"}.isdisjoint(data)
+    assert {key: data[key] for key in pack.report.CHECK_KEYS} == {
+        "double_placements": 0,
+        "double_runs": 0,
+        "lease_losses": 2,
+        "worker_deaths": 0,
+        "self_fences": 1,
+        "extra_assignments": 0,
+        "lost_successes": 0,
+        "jobs_finished": 300,
+        "unfinished_job_ids": [],
+    }
     assert (data["rounds"], data["placements"], data["wait_p50_s"], data["db_commit_p50_ms"]) == (
         10,
         300,
@@ -156,7 +163,10 @@ def test_a_pack_report_with_a_disturbance_is_not_ok() -> None:
     """A lease lost in a run without faults fails the run."""
     report = PackReport(
         settings=PackSettings(jobs=300, arrival_rate_per_s=0),
-        all_at_once=Scenario(title="all at once", policies=(policy("best_fit", 0.9, lease_losses=1),)),
+        all_at_once=Scenario(
+            title="all at once",
+            policies=(policy("best_fit", 0.9, check=attrs.evolve(PACK_CHECK, elections=2)),),
+        ),
     )
     assert not report.ok and report.to_json()["burst"] == {}
 

@@ -16,9 +16,14 @@ from rich.text import Text
 
 from ops.bench.pack.figures import PHASES, PlacerFigures, ProbeFigures, WaitFigures
 from ops.bench.pack.stream import PackSettings
+from ops.checker_report import CheckReport
 
 DISTURBANCES = ("lease_losses", "worker_deaths", "self_fences", "extra_assignments", "lost_successes")
 """Counts a run with no injected fault must keep at 0, however loaded the machine."""
+
+CHECK_KEYS = ("double_placements", "double_runs", *DISTURBANCES, "jobs_finished", "unfinished_job_ids")
+"""The checker's counts that stand among a policy's own keys (:meth:`PolicyResult.to_json`):
+:class:`~ops.checker_report.CheckReport`'s, and ``lease_losses`` (:attr:`PolicyResult.lease_losses`)."""
 
 Sample = tuple[float, float, float, int, int]
 """[seconds since the first submit, cpu use, memory use, pending, waiting]."""
@@ -42,47 +47,53 @@ class PolicyResult:
     mean_pending_while_waiting: int
     waits: WaitFigures
     placements_per_s: float | None
-    double_placements: int
-    double_runs: int
     overcommitted_workers: tuple[str, ...]
-    lease_losses: int
-    worker_deaths: int
-    self_fences: int
-    extra_assignments: int
-    lost_successes: int
+    check: CheckReport
+    """The checker's verdict on the run; its :data:`CHECK_KEYS` stand among the policy's keys."""
     probes: ProbeFigures
-    jobs_finished: int
-    unfinished_job_ids: tuple[int, ...]
     samples: tuple[Sample, ...]
     agent_memory_mb: tuple[float, float, float] | None = None
     """Workers in containers: the memory each agent's container used at the end of the run
     (the cgroup's usage less its page cache), MiB: (min, median, max); None otherwise."""
 
+    @property
+    def lease_losses(self) -> int:
+        """Takeovers after the first election."""
+        return max(0, self.check.elections - 1)
+
     def failed(self, jobs: int) -> bool:
         """Whether the run broke a rule: a job placed or run twice, a worker over-committed, a
         job of the ``jobs`` unfinished, or a disturbance."""
+        check = self.check
         return bool(
-            self.double_placements
-            or self.double_runs
+            check.double_placements
+            or check.double_runs
             or self.overcommitted_workers
-            or self.unfinished_job_ids
-            or self.jobs_finished < jobs
-            or any(getattr(self, k) for k in DISTURBANCES)
+            or check.unfinished_job_ids
+            or check.jobs_finished < jobs
+            or any(self.row(k) for k in DISTURBANCES)
         )
 
     def to_json(self) -> dict[str, Any]:
-        """The flat JSON of one policy, its figures' keys among the others."""
+        """The flat JSON of one policy, its figures' keys and the checker's among the others."""
         data = attr.asdict(self, retain_collection_types=False)
         flat: dict[str, Any] = {}
         for key, value in data.items():
             if key in ("placer", "waits", "probes"):
                 flat.update(value)
+            elif key == "check":
+                counts = value | {"lease_losses": self.lease_losses}
+                flat.update((k, counts[k]) for k in CHECK_KEYS)
             else:
                 flat[key] = value
         return flat
 
     def row(self, key: str) -> Any:
         """The value the tables show under ``key`` (a key of :meth:`to_json`)."""
+        if key == "lease_losses":
+            return self.lease_losses
+        if key in CHECK_KEYS:
+            return getattr(self.check, key)
         for part in (self, self.placer, self.waits, self.probes):
             if key in attrs.fields_dict(type(part)):
                 return getattr(part, key)
