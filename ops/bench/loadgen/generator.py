@@ -167,8 +167,8 @@ class SimulatedWorker:
                 state="succeeded",
                 has_exit_code=True,
                 exit_code=0,
-                run_ms=int((run.ends - run.started) * 1000),
-                ended_ago_ms=max(0, int((now - run.ends) * 1000)),
+                run_ms=round((run.ends - run.started) * 1000),
+                ended_ago_ms=max(0, round((now - run.ends) * 1000)),
             )
             for aid, run in self.finished.items()
         ]
