@@ -222,6 +222,7 @@ class ChaosResult:
                 "double_runs",
                 "jobs_submitted",
                 "jobs_finished",
+                "jobs_cancelled",
                 "false_deaths",
                 "lost_successes",
                 "stale_writes_rejected",

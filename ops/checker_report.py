@@ -58,6 +58,9 @@ class CheckReport:
     (:func:`ops.invariants.wrong_final_states`), or the state their submitter expected."""
     unfinished_states: dict[str, int] = attrs.field(factory=dict)
     """The unfinished jobs by state (``pending``, ``waiting``, ``assigned``, ``running``)."""
+    jobs_cancelled: int = 0
+    """Jobs that ended cancelled (by a caller, a failed dependency or their gang): ended, neither
+    succeeded nor failed, so ``jobs_submitted`` = finished + cancelled + unfinished."""
     gang_violations: int = 0
     """Gang attempts not committed whole in one transaction, or that ran part of their tasks
     (:func:`ops.invariants.gang_violations`), and partial gangs holding resources at the read."""
@@ -120,6 +123,7 @@ class CheckReport:
             "stale_writes_rejected": self.stale_writes_rejected,
             "jobs_submitted": self.jobs_submitted,
             "jobs_finished": self.jobs_finished,
+            "jobs_cancelled": self.jobs_cancelled,
             "unfinished_job_ids": list(self.unfinished_job_ids),
             "jobs_unfinished": dict(self.unfinished_states),
             "finish_required": self.finish_required,
@@ -161,6 +165,7 @@ def report_rows(report: CheckReport) -> list[VerdictRow]:
         ("shared_units (database, workers' logs)", str(report.shared_units), report.shared_units == 0),
         ("jobs_submitted", str(report.jobs_submitted), None),
         ("jobs_finished", str(report.jobs_finished), finished),
+        *([("jobs_cancelled", str(report.jobs_cancelled), None)] if report.jobs_cancelled else []),
         *unfinished,
         ("false_deaths", str(report.false_deaths), report.false_deaths == 0),
         ("lost_successes", str(report.lost_successes), report.lost_successes == 0),

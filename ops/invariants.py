@@ -460,6 +460,7 @@ def check(
         stale_writes_rejected=history.stale_writes_rejected,
         jobs_submitted=len(history.job_states),
         jobs_finished=sum(1 for s in history.job_states.values() if s in ("succeeded", "failed")),
+        jobs_cancelled=sum(1 for s in history.job_states.values() if s == "cancelled"),
         unfinished_job_ids=unfinished,
         details=tuple(details),
         lost_successes=len(thrown_away),

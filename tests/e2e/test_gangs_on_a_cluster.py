@@ -104,5 +104,8 @@ async def test_a_short_chaos_run_with_gangs_never_holds_a_partial_gang(
     data = result.to_json()
     assert data["gangs_submitted"] > 0 and data["gang_samples"] > 0
     assert (data["samples_with_partial_gangs"], data["gang_violations"]) == (0, 0), data["details"]
-    assert data["jobs_finished"] + len(data["unfinished_job_ids"]) == data["jobs_submitted"]
+    assert (
+        data["jobs_finished"] + data["jobs_cancelled"] + len(data["unfinished_job_ids"])
+        == data["jobs_submitted"]
+    )
     assert result.ok, data["details"]

@@ -90,6 +90,7 @@ def test_a_clean_run_passes() -> None:
         "stale_writes_rejected": 1,
         "jobs_submitted": 2,
         "jobs_finished": 2,
+        "jobs_cancelled": 0,
         "unfinished_job_ids": [],
         "jobs_unfinished": {},
         "finish_required": True,
@@ -249,6 +250,19 @@ def test_unfinished_jobs_fail_the_check() -> None:
     """A job still pending or running at the end is reported by id."""
     report = check(History(assignments=(), job_states={1: "succeeded", 2: "running", 3: "pending"}), [])
     assert report.unfinished_job_ids == (2, 3) and not report.ok
+
+
+def test_cancelled_jobs_are_counted_apart_from_the_finished_and_the_unfinished() -> None:
+    """A cancelled job has ended but neither succeeded nor failed: its own row and key, so the
+    submitted add up; with none cancelled the table has no such row."""
+    states = {1: "succeeded", 2: "failed", 3: "cancelled", 4: "cancelled", 5: "running"}
+    report = check(History(assignments=(), job_states=states), [], finish_required=False)
+    assert (report.jobs_submitted, report.jobs_finished, report.jobs_cancelled) == (5, 2, 2)
+    assert report.unfinished_job_ids == (5,) and report.to_json()["jobs_cancelled"] == 2
+    rows = {name: (value, verdict) for name, value, verdict in report_rows(report)}
+    assert rows["jobs_cancelled"] == ("2", None)
+    none_cancelled = check(History(assignments=(), job_states={1: "succeeded"}), [])
+    assert "jobs_cancelled" not in {name for name, _, _ in report_rows(none_cancelled)}
 
 
 def test_unfinished_jobs_are_running_not_a_failure_when_finishing_is_not_required() -> None:
