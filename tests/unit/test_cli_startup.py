@@ -435,6 +435,18 @@ def test_the_hot_commands_load_neither_typer_nor_trio(
     assert under(done.modules, NEVER) == []
 
 
+def test_the_fast_layers_routes_are_the_services() -> None:
+    """The gRPC paths :mod:`ops.cli.fast` calls are the ControlPlane service's Status and
+    SubmitJob, with the reply types the generated service gives them."""
+    from ops.cli import fast
+    from protocol import pb
+    from protocol.bases import ControlPlaneBase
+
+    mapping = ControlPlaneBase().__mapping__()
+    assert mapping[fast._STATUS_ROUTE].reply_type is pb.StatusReply
+    assert mapping[fast._SUBMIT_JOB_ROUTE].reply_type is pb.SubmitJobReply
+
+
 @pytest.mark.parametrize("args", [["status"], ["status", "--json"]])
 def test_the_fast_status_prints_what_the_typer_command_prints(
     fake_control_plane: FakeControlPlane, args: list[str]
