@@ -26,6 +26,7 @@ from actors.ingest_replies import status_reply
 from actors.ingest_schedules import ScheduleHandlers
 from actors.logs import LogRelay, check_read_job_logs, log_source
 from protocol import pb
+from protocol.bases import ControlPlaneBase
 from protocol.wire import Encoded
 from runtime import identifiers, log, metrics
 from runtime.aio import Send, serve_grpc, trio_service, visible_account
@@ -173,7 +174,7 @@ class Ingest:
                 told_default=self.told_default,
                 logs=LogRelay(cp_id=self.cp_id, settings=self.settings, tls=self.worker_tls),
             )
-            service = trio_service(pb.ControlPlaneBase, self.service, access=CONTROL_PLANE_ACCESS)
+            service = trio_service(ControlPlaneBase, self.service, access=CONTROL_PLANE_ACCESS)
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.lag.run)
                 if self.settings.heartbeat_group_wait_s > 0:

@@ -15,6 +15,7 @@ import trio
 
 from actors.validation import check_assignment_id
 from protocol import pb
+from protocol.bases import WorkerBase
 from runtime import log, metrics, validation
 from runtime.aio import GrpcChannel, Send, StreamLimits, rpc_deadline
 from runtime.errors import Busy, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Unavailable
@@ -162,7 +163,7 @@ class LogRelay:
         worker = f"worker {source.worker_id} at {source.address}"
         try:
             async with self._channel(source).stream(
-                pb.WorkerBase,
+                WorkerBase,
                 "read_logs",
                 worker_request,
                 StreamLimits(

@@ -33,7 +33,7 @@ from agent.output import OutputFiles, OutputKeeper
 from agent.runtimes import job_runner
 from agent.service import WorkerService
 from agent.starts import Spawner, StartLimiter
-from protocol import pb
+from protocol.bases import WorkerBase
 from runtime import identifiers, log, metrics, oom, priority
 from runtime.aio import asyncio_bridge, serve_grpc, trio_service
 from runtime.client import ControlPlaneClient
@@ -224,7 +224,7 @@ async def _serve_agent(
     )
     async with trio.open_nursery() as nursery:
         service = trio_service(
-            pb.WorkerBase,
+            WorkerBase,
             WorkerService(agent, logs),
             access=WORKER_ACCESS,
             max_request_bytes=MAX_ASSIGN_BYTES,

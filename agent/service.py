@@ -1,6 +1,6 @@
 """The Worker gRPC service: protobuf in, the agent's messages inside, protobuf out.
 
-Served with ``runtime.aio.trio_service(pb.WorkerBase, WorkerService(agent))``; each method is
+Served with ``runtime.aio.trio_service(protocol.bases.WorkerBase, WorkerService(agent))``; each method is
 a trio coroutine that converts the request, lets :class:`agent.core.Agent` apply the
 acceptance rules, and converts the decision back.
 """

@@ -3,12 +3,17 @@
 Run ``python -m protocol.generate`` (``just proto``) after editing a ``.proto`` file,
 or ``python -m protocol.generate --check`` to exit 1 when the committed code is stale.
 Needs the dev extras (grpcio-tools for ``protoc``, betterproto2-compiler for the plugin).
+
+The plugin writes each package as one module; the service bases a server subclasses are moved
+from it into ``bases.py`` beside it (:func:`split_service_bases`), so that a client, which imports
+the messages and the stubs, never imports grpclib's server side.
 """
 
 from __future__ import annotations
 
 import filecmp
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +23,12 @@ from pathlib import Path
 PROTO_DIR = Path(__file__).resolve().parent
 GENERATED_DIR = PROTO_DIR / "_generated"
 PLUGIN_OPTIONS = "client_generation=async,server_generation=async"
+BASES_MODULE = "bases.py"
+"""The module, beside each generated package's ``__init__.py``, that holds its service bases."""
+
+_PACKAGE_IMPORT = "from betterproto2 import grpclib as betterproto2_grpclib\n"
+_STUB_IMPORT = "from betterproto2.grpclib.grpclib_client import ServiceStub\n"
+_FIRST_BASE = re.compile(r"^class \w+\(betterproto2_grpclib\.ServiceBase\):$", re.MULTILINE)
 
 
 def generate(out_dir: Path) -> None:
@@ -49,7 +60,52 @@ def generate(out_dir: Path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    for module in sorted(out_dir.rglob("__init__.py")):
+        split_service_bases(module)
     (out_dir / "__init__.py").touch()
+
+
+def split_service_bases(module: Path) -> None:
+    """Move the service bases (``class XBase(betterproto2_grpclib.ServiceBase)``, which the plugin
+    writes last) out of the generated ``module`` into :data:`BASES_MODULE` beside it.
+
+    What stays (messages, enums, stubs) takes ``ServiceStub`` from betterproto2's client module
+    rather than its ``grpclib`` package, whose ``__init__`` imports the server side too;
+    :mod:`protocol` imports that client module on its own first. The bases module imports the
+    messages its bases name from ``module``. A module without bases is left as it is.
+    """
+    text = module.read_text()
+    first = _FIRST_BASE.search(text)
+    if first is None:
+        return
+    head, bases = text[: first.start()].rstrip() + "\n", text[first.start() :]
+    names = re.findall(r"^class (\w+)\(", bases, re.MULTILINE)
+    exported = re.search(r"^__all__ = \((.*?)^\)", head, re.MULTILINE | re.DOTALL)
+    if exported is None or head.count(_PACKAGE_IMPORT) != 1:
+        raise ValueError(f"{module}: not the layout protocol/generate.py splits")
+    messages = [n for n in re.findall(r'"(\w+)"', exported.group(1)) if n not in names]
+    head = head.replace(_PACKAGE_IMPORT, _STUB_IMPORT)
+    head = head.replace("(betterproto2_grpclib.ServiceStub)", "(ServiceStub)")
+    head = head.replace(exported.group(1), "".join(f'    "{n}",\n' for n in messages))
+    banner = text[: text.index("__all__")]
+    used = [n for n in messages if re.search(rf"\b{n}\b", bases)]
+    module.write_text(head)
+    (module.parent / BASES_MODULE).write_text(
+        banner
+        + "__all__ = ("
+        + "".join(f'\n    "{n}",' for n in names)
+        + "\n)\n\n"
+        + "from collections.abc import AsyncIterator\n"
+        + "from typing import TYPE_CHECKING\n\n"
+        + "import grpclib\n"
+        + "from betterproto2.grpclib.grpclib_server import ServiceBase\n\n"
+        + "from . import (\n"
+        + "".join(f"    {n},\n" for n in used)
+        + ")\n\n"
+        + "if TYPE_CHECKING:\n"
+        + "    import grpclib.server\n\n\n"
+        + bases.replace("(betterproto2_grpclib.ServiceBase)", "(ServiceBase)")
+    )
 
 
 def _tree(root: Path) -> dict[str, Path]:

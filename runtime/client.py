@@ -400,8 +400,10 @@ class ControlPlaneClient:
         """``rpc``'s stream on ``self.addresses[index]`` (``limits``: as :meth:`stream`),
         entered once its first message has come; the block reads every message, that first one
         included (tests replace it with scripted replicas). Raises on entering as :meth:`_attempt`."""
+        from protocol.bases import ControlPlaneBase  # here: unary calls need not load grpclib's server
+
         address = self.addresses[index]
-        async with self._channel(address).stream(pb.ControlPlaneBase, rpc, request, limits) as messages:
+        async with self._channel(address).stream(ControlPlaneBase, rpc, request, limits) as messages:
             try:
                 first = [await anext(messages)]
             except StopAsyncIteration:

@@ -24,6 +24,7 @@ import grpclib.exceptions
 import grpclib.server
 
 from protocol import pb
+from protocol.bases import ControlPlaneBase
 
 __all__ = ["ScriptedControlPlane", "grpc_error", "serve"]
 
@@ -33,7 +34,7 @@ def grpc_error(status: str, message: str = "") -> grpclib.exceptions.GRPCError:
     return grpclib.exceptions.GRPCError(grpclib.const.Status[status], message)
 
 
-class ScriptedControlPlane(pb.ControlPlaneBase):
+class ScriptedControlPlane(ControlPlaneBase):
     """See the module docstring."""
 
     def __init__(self, **answers: Any) -> None:

@@ -9,10 +9,10 @@ has; a submit left so carries the idempotency key already sent, so the job is st
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -99,6 +99,8 @@ def _short_help(text: str, limit: int) -> str:
 
 def _definitions(rows: Sequence[tuple[str, str]], width: int) -> list[str]:
     """``rows`` as Click's definition list under a section heading (indent 2)."""
+    import textwrap
+
     first_col = min(max(len(name) for name, _ in rows), 30) + 2
     wrap_at = max(width - first_col - 2, 10)
     lines = []
@@ -130,6 +132,8 @@ def _terminal_columns() -> int:
 def top_help(columns: int | None = None) -> str:
     """What ``stockade --help`` prints, as Click lays it out for a terminal ``columns`` wide
     (default: the terminal's, or ``$COLUMNS``)."""
+    import textwrap  # here: only --help lays text out
+
     if columns is None:
         columns = _terminal_columns()
     width = max(min(columns, _HELP_WIDTH_MAX) - 2, 50)
@@ -326,11 +330,27 @@ class _NoAnswer(Exception):
     """No control plane answered the fast path's call: the Typer command calls again."""
 
 
-def _answer(addresses: list[str], rpc: str, request: Any) -> Any:
-    """The reply of ControlPlane method ``rpc`` over asyncio, with the certificate a client
-    command presents, from the first of ``addresses`` that answers, asked in the order the trio
-    client asks them, each within its per-replica timeout; one that refuses the connection or
-    stays silent is left for the next, as that client leaves it.
+_STATUS_ROUTE = "/stockade.v1.ControlPlane/Status"
+_SUBMIT_JOB_ROUTE = "/stockade.v1.ControlPlane/SubmitJob"
+"""The ControlPlane methods this layer calls, by their gRPC path (``stockade.proto``)."""
+
+
+def _answer(
+    addresses: list[str],
+    route: str,
+    request: Any,
+    reply_type: type[Any],
+    meanwhile: Callable[[], object] | None = None,
+) -> Any:
+    """The reply (a ``reply_type``) of the unary ControlPlane method at gRPC path ``route`` over
+    asyncio, with the certificate a client command presents, from the first of ``addresses``
+    that answers, asked in the order the trio client asks them, each within its per-replica
+    timeout; one that refuses the connection or stays silent is left for the next, as that
+    client leaves it.
+
+    The call is made as the generated stub makes it; ``meanwhile`` is called once, when the
+    first request has been sent, to do the command's own work (its imports) while the control
+    plane prepares the reply, which waits in the socket meanwhile.
 
     Raises:
         _NoAnswer: none answered (the Typer command then walks them again and says how each
@@ -341,6 +361,7 @@ def _answer(addresses: list[str], rpc: str, request: Any) -> Any:
 
     import grpclib.client
     import grpclib.config
+    import grpclib.const
 
     from ops.client.settings import DEFAULT_TIMEOUT_S
     from ops.config import resolve_client_tls
@@ -350,6 +371,20 @@ def _answer(addresses: list[str], rpc: str, request: Any) -> Any:
     parse_addresses(addresses, field="control_planes")
     files = resolve_client_tls()
     target = None if files is None else ClientTls(files).target(ANY_CONTROL_PLANE)
+    waiting = [meanwhile] if meanwhile is not None else []
+
+    async def ask(channel: grpclib.client.Channel) -> Any:
+        cardinality = grpclib.const.Cardinality.UNARY_UNARY
+        async with channel.request(
+            route, cardinality, type(request), reply_type, timeout=DEFAULT_TIMEOUT_S
+        ) as stream:
+            await stream.send_message(request, end=True)
+            while waiting:
+                waiting.pop()()
+            reply = await stream.recv_message()
+        if reply is None:
+            raise _NoAnswer(route)
+        return reply
 
     async def call(address: str) -> Any:
         where = parse_address(address, field="address")
@@ -359,8 +394,7 @@ def _answer(addresses: list[str], rpc: str, request: Any) -> Any:
             config = grpclib.config.Configuration(ssl_target_name_override=target.server_name)
             channel = grpclib.client.Channel(where.host, where.port, ssl=target.context, config=config)
         try:
-            method = getattr(_protocol().ControlPlaneStub(channel), rpc)
-            return await asyncio.wait_for(method(request, timeout=DEFAULT_TIMEOUT_S), DEFAULT_TIMEOUT_S + 0.5)
+            return await asyncio.wait_for(ask(channel), DEFAULT_TIMEOUT_S + 0.5)
         finally:
             channel.close()
 
@@ -377,27 +411,45 @@ def _answer(addresses: list[str], rpc: str, request: Any) -> Any:
     return asyncio.run(walk())
 
 
+def _prepare_status_view(addresses: list[str], as_json: bool) -> dict[str, str]:
+    """What shows the status of the cluster at ``addresses``, readied before its reply comes: the
+    client's result classes, the tables (rich) or, with ``as_json``, the JSON imported; the local
+    cluster's metrics addresses (:func:`ops.cli.common.local_metrics`) returned."""
+    import ops.client.results
+
+    if as_json:
+        import ops.cli.status_json
+    else:
+        import ops.cli.render  # noqa: F401
+    from ops.cli.common import local_metrics
+
+    return local_metrics(addresses)
+
+
 def _status(args: Sequence[str]) -> int | None:
     """``stockade status [--json] [--control-planes ADDRESSES]``, when a control plane answers
-    (:func:`_answer`); None otherwise."""
+    (:func:`_answer`, during which the view is readied); None otherwise."""
     if "--" in args:
         raise _Refused("--")
     options, _ = _parse(args, _STATUS_OPTIONS)
     from ops.cli.common import control_plane_addresses
 
     try:
+        pb = _protocol()
+        addresses = control_plane_addresses(options["control_planes"])
+        view = functools.cache(functools.partial(_prepare_status_view, addresses, options["as_json"]))
+        answer = _answer(addresses, _STATUS_ROUTE, pb.StatusRequest(), pb.StatusReply, meanwhile=view)
         from ops.client.results import status_from_pb
 
-        addresses = control_plane_addresses(options["control_planes"])
-        reply = status_from_pb(_answer(addresses, "status", _protocol().StatusRequest()))
+        reply = status_from_pb(answer)
     except Exception:
         return None
     import json
 
-    from ops.cli.common import console, ha_db_line, local_ha_db_dir, local_metrics
+    from ops.cli.common import console, ha_db_line, local_ha_db_dir
     from ops.cli.status_json import status_json
 
-    metrics = local_metrics(addresses)
+    metrics = view()
     if options["as_json"]:
         sys.stdout.write(json.dumps(status_json(reply, metrics), indent=2) + "\n")
         return 0
@@ -436,7 +488,7 @@ def _submit(args: list[str]) -> int | None:
         spec = spec_of_submit_options({**options, "command": command}).check()
         addresses = control_plane_addresses(options["control_planes"])
         request = pb.SubmitJobRequest(spec=job_spec_to_pb(spec), idempotency_key=key)
-        job_id = int(_answer(addresses, "submit_job", request).job_id)
+        job_id = int(_answer(addresses, _SUBMIT_JOB_ROUTE, request, pb.SubmitJobReply).job_id)
     except Exception:
         return None
     sys.stdout.write(f"{job_id}\n")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import ipaddress
 import json
 import os
@@ -177,6 +176,8 @@ class DockerSpec:
     @staticmethod
     def prefix_for(state_root: Path) -> str:
         """``stockade-<8 hex digits of the state folder's path>``: one cluster per folder."""
+        import hashlib  # here: client commands read the record without it
+
         return "stockade-" + hashlib.sha256(str(state_root.absolute()).encode()).hexdigest()[:8]
 
 

@@ -162,7 +162,7 @@ class GrpcChannel:
         limits: StreamLimits,
     ) -> AsyncIterator[AsyncIterator[Any]]:
         """A server-streaming call of ``service``'s ``rpc`` (snake_case, e.g. ``"read_logs"`` of
-        ``pb.WorkerBase``) with ``request``, whose messages the block reads within ``limits``
+        ``protocol.bases.WorkerBase``) with ``request``, whose messages the block reads within ``limits``
         (its ``timeout_s`` sent as ``grpc-timeout``).
 
         The call is made when the first message is asked for; each message is read when the

@@ -15,6 +15,7 @@ from serving import mtls_control_plane, serve_ingests
 
 from ops import certs as certs_module
 from protocol import pb
+from protocol.bases import ControlPlaneBase
 from runtime.aio import GrpcChannel, PgConnection, StreamLimits, asyncio_bridge, asyncio_bridge_open
 from runtime.errors import IdempotencyConflict, InvalidArgument, NotFound, PermissionDenied
 from runtime.idempotency_keys import with_idempotency_key
@@ -106,7 +107,7 @@ async def test_a_user_cannot_see_read_the_logs_of_or_cancel_another_accounts_job
             logs = pb.ReadJobLogsRequest(job_id=bobs, stream="stdout")
             limits = StreamLimits(first_message_s=CALL_TIMEOUT_S, timeout_s=CALL_TIMEOUT_S)
             with pytest.raises(NotFound, match=f"job_id {bobs} not found"):
-                async with channel.stream(pb.ControlPlaneBase, "read_job_logs", logs, limits) as chunks:
+                async with channel.stream(ControlPlaneBase, "read_job_logs", logs, limits) as chunks:
                     async for _ in chunks:
                         pass
         finally:

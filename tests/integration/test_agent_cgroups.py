@@ -26,6 +26,7 @@ import trio
 from agent.cgroups import select_resources, worker_key
 from agent.resources import JobResources, Mode
 from protocol import pb
+from protocol.bases import ControlPlaneBase
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.settings.agent import AgentSettings
 from runtime.text import read_jsonl
@@ -104,7 +105,7 @@ async def running(tmp_path: Path, command: list[str], cp: Recorder | None = None
     stderr = tmp_path / f"{command[0]}-{time.monotonic_ns()}.stderr"
     with stderr.open("wb") as stderr_file:
         async with asyncio_bridge(), trio.open_nursery() as nursery:
-            port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
+            port = await nursery.start(serve_grpc, [trio_service(ControlPlaneBase, cp)], "127.0.0.1", 0)
             process = await trio.lowlevel.open_process(
                 [
                     sys.executable,

@@ -21,6 +21,7 @@ from prometheus_client import REGISTRY
 from agent.core import Agent
 from agent.main import run_agent
 from protocol import pb
+from protocol.bases import ControlPlaneBase, WorkerBase
 from runtime.aio import GrpcChannel, StreamLimits, asyncio_bridge, serve_grpc, trio_service
 from runtime.errors import InvalidArgument, NotFound
 from runtime.settings.agent import (
@@ -100,7 +101,7 @@ class Worker:
 
     def stream(self, aid: int, **fields: Any) -> Any:
         request = pb.ReadLogsRequest(worker_id="w-1", job_id=aid * 10, assignment_id=aid, **fields)
-        return self.channel.stream(pb.WorkerBase, "read_logs", request, StreamLimits(RPC_TIMEOUT_S))
+        return self.channel.stream(WorkerBase, "read_logs", request, StreamLimits(RPC_TIMEOUT_S))
 
     async def read(self, aid: int, **fields: Any) -> list[pb.LogChunk]:
         async with self.stream(aid, **fields) as chunks:
@@ -115,7 +116,7 @@ async def worker(tmp_path: Path, output: OutputSettings | None = None) -> AsyncI
     """A scripted control plane and one agent (heartbeats every 0.25 s), on 127.0.0.1."""
     cp = ScriptedControlPlane()
     async with asyncio_bridge(), trio.open_nursery() as nursery:
-        cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
+        cp_port = await nursery.start(serve_grpc, [trio_service(ControlPlaneBase, cp)], "127.0.0.1", 0)
         settings = AgentSettings(
             worker_id="w-1",
             control_planes=(f"127.0.0.1:{cp_port}",),
@@ -255,7 +256,7 @@ async def test_a_request_for_another_worker_is_refused(tmp_path: Path) -> None:
         request = pb.ReadLogsRequest(worker_id="w-2", job_id=10, assignment_id=1)
         with pytest.raises(InvalidArgument, match="must be this worker's id"):
             async with w.channel.stream(
-                pb.WorkerBase, "read_logs", request, StreamLimits(RPC_TIMEOUT_S)
+                WorkerBase, "read_logs", request, StreamLimits(RPC_TIMEOUT_S)
             ) as chunks:
                 await anext(chunks)
 

@@ -26,6 +26,7 @@ import trio
 from agent.core import Agent
 from agent.main import run_agent
 from protocol import pb
+from protocol.bases import ControlPlaneBase
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.settings.agent import AgentSettings
 from runtime.text import read_jsonl
@@ -112,7 +113,7 @@ async def test_200_command_jobs_in_one_assign_all_succeed_and_heartbeats_keep_go
     work_dir = tmp_path / "w-1"
     stderr = (tmp_path / "agent.stderr").open("wb")
     async with asyncio_bridge(), trio.open_nursery() as nursery:
-        cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
+        cp_port = await nursery.start(serve_grpc, [trio_service(ControlPlaneBase, cp)], "127.0.0.1", 0)
         agent = await trio.lowlevel.open_process(
             [sys.executable, "-c", _agent_script(cp_port, work_dir)], stdout=subprocess.DEVNULL, stderr=stderr
         )
@@ -154,7 +155,7 @@ async def agent_in_process(
     """A real agent (run_agent: its spawner thread, real reapers) in this process."""
     cp = RecordingControlPlane()
     async with asyncio_bridge(), trio.open_nursery() as nursery:
-        cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
+        cp_port = await nursery.start(serve_grpc, [trio_service(ControlPlaneBase, cp)], "127.0.0.1", 0)
         values: dict[str, Any] = {
             "worker_id": "w-1",
             "control_planes": [f"127.0.0.1:{cp_port}"],

@@ -14,6 +14,7 @@ import trio
 from jobfiles import job_writable
 
 from protocol import pb
+from protocol.bases import ControlPlaneBase
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.text import read_jsonl
 
@@ -96,7 +97,7 @@ async def test_signal_stops_jobs_then_exits_zero(tmp_path: Path, signum: signal.
     stderr_path = tmp_path / "agent.stderr"
     stderr_file = _open_for_writing(stderr_path)
     async with asyncio_bridge(), trio.open_nursery() as nursery:
-        cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
+        cp_port = await nursery.start(serve_grpc, [trio_service(ControlPlaneBase, cp)], "127.0.0.1", 0)
         agent = await trio.lowlevel.open_process(
             [sys.executable, "-c", _agent_script(cp_port, tmp_path)],
             stdout=subprocess.DEVNULL,

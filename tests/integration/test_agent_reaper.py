@@ -32,6 +32,7 @@ from jobfiles import job_writable
 
 from agent.deadman import read_fence_deadline
 from protocol import pb
+from protocol.bases import ControlPlaneBase
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.text import read_jsonl
 
@@ -131,7 +132,7 @@ async def running_agent(tmp_path: Path, db_outage_grace_s: float = 0.0) -> Async
     work_dir = tmp_path / "work"
     stderr_file = (tmp_path / "agent.stderr").open("wb")
     async with asyncio_bridge(), trio.open_nursery() as nursery:
-        cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
+        cp_port = await nursery.start(serve_grpc, [trio_service(ControlPlaneBase, cp)], "127.0.0.1", 0)
         process = await trio.lowlevel.open_process(
             [sys.executable, "-c", _agent_script(cp_port, work_dir, db_outage_grace_s)],
             stdout=subprocess.DEVNULL,

@@ -37,6 +37,7 @@ from agent.job_record import RECORD_FILE
 from agent.reaper import reaper_argv
 from agent.resources import ConfinedJob
 from protocol import pb
+from protocol.bases import ControlPlaneBase
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.jobs import CommandRuntime
 from runtime.settings.agent import AgentSettings
@@ -202,7 +203,7 @@ async def host(tmp_path: Path, cp: ScriptedControlPlane | None = None) -> AsyncI
     of the test is killed on the way out."""
     cp = cp or ScriptedControlPlane()
     async with asyncio_bridge(), trio.open_nursery() as nursery:
-        port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
+        port = await nursery.start(serve_grpc, [trio_service(ControlPlaneBase, cp)], "127.0.0.1", 0)
         worker = Host(cp=cp, cp_port=port, work_dir=tmp_path / "work", tmp_path=tmp_path)
         try:
             yield worker
@@ -567,7 +568,7 @@ async def test_a_fleet_restarted_with_sighup_keeps_every_workers_jobs(tmp_path: 
 
     stderr = (tmp_path / "fleet.stderr").open("ab")
     async with asyncio_bridge(), trio.open_nursery() as nursery:
-        port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
+        port = await nursery.start(serve_grpc, [trio_service(ControlPlaneBase, cp)], "127.0.0.1", 0)
         fleet = await start_fleet(port)
         try:
             for worker_id in ("w-1", "w-2"):

@@ -15,6 +15,7 @@ import trio
 from agent.core import Agent
 from agent.main import run_agent
 from protocol import pb
+from protocol.bases import ControlPlaneBase
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.errors import InvalidArgument
 from runtime.settings.agent import AgentSettings
@@ -107,7 +108,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Harness]:
     """A fake control plane and one agent, both on 127.0.0.1 free ports; torn down after."""
     cp = FakeControlPlane()
     async with asyncio_bridge(), trio.open_nursery() as nursery:
-        cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
+        cp_port = await nursery.start(serve_grpc, [trio_service(ControlPlaneBase, cp)], "127.0.0.1", 0)
         cps = (f"127.0.0.1:{cp_port}",)
         settings = AgentSettings(
             worker_id="w-1",

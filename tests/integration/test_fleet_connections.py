@@ -16,6 +16,7 @@ from actors.ingest import CONTROL_PLANE_ACCESS
 from agent.fleet import FleetWorker, fleet_settings, run_fleet, shared_client
 from ops import certs as certs_module
 from protocol import pb
+from protocol.bases import ControlPlaneBase
 from runtime.aio import asyncio_bridge, require_worker, rpc_caller, serve_grpc, trio_service
 from runtime.routes import home_index
 from runtime.tls import Identity, TlsFiles, server_context
@@ -94,7 +95,7 @@ async def test_a_fleets_workers_use_one_connection_per_control_plane(tmp_path: P
         addresses = []
         for index, cp_id in enumerate(REPLICAS):
             service = trio_service(
-                pb.ControlPlaneBase, ScriptedReplica(index, recorder), access=CONTROL_PLANE_ACCESS
+                ControlPlaneBase, ScriptedReplica(index, recorder), access=CONTROL_PLANE_ACCESS
             )
             tls = server_context(TlsFiles.in_dir(certs, cp_id))
             port = await servers.start(partial(serve_grpc, [service], "127.0.0.1", 0, tls=tls))

@@ -18,6 +18,7 @@ from jobfiles import job_writable
 from prometheus_client.parser import text_string_to_metric_families
 
 from protocol import pb
+from protocol.bases import ControlPlaneBase
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.text import read_jsonl
 
@@ -124,7 +125,7 @@ async def test_sigterm_stops_every_workers_jobs_then_exits_zero(tmp_path: Path) 
     stderr_path = tmp_path / "fleet.stderr"
     with stderr_path.open("wb") as stderr_file:
         async with asyncio_bridge(), trio.open_nursery() as nursery:
-            cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
+            cp_port = await nursery.start(serve_grpc, [trio_service(ControlPlaneBase, cp)], "127.0.0.1", 0)
             fleet = await trio.lowlevel.open_process(
                 _fleet_command(spec, f"127.0.0.1:{cp_port}", "--metrics-port", str(metrics_port)),
                 stdout=subprocess.DEVNULL,

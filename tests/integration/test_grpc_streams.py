@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from protocol import pb
+from protocol.bases import WorkerBase
 from runtime.aio import GrpcChannel, StreamLimits, asyncio_bridge, rpc_deadline, serve_grpc, trio_service
 from runtime.errors import NotFound, Unavailable
 
@@ -66,7 +67,7 @@ class SendForm:
 @asynccontextmanager
 async def served(impl: object) -> AsyncIterator[GrpcChannel]:
     async with asyncio_bridge(), trio.open_nursery() as nursery:
-        port = await nursery.start(serve_grpc, [trio_service(pb.WorkerBase, impl)], "127.0.0.1", 0)
+        port = await nursery.start(serve_grpc, [trio_service(WorkerBase, impl)], "127.0.0.1", 0)
         channel = GrpcChannel(f"127.0.0.1:{port}")
         try:
             yield channel
@@ -77,11 +78,11 @@ async def served(impl: object) -> AsyncIterator[GrpcChannel]:
 
 def open_stream(channel: GrpcChannel, **options: Any) -> Any:
     """A ReadLogs stream of ``channel`` (its first message within 5 s)."""
-    return channel.stream(pb.WorkerBase, "read_logs", pb.ReadLogsRequest(), StreamLimits(5.0, **options))
+    return channel.stream(WorkerBase, "read_logs", pb.ReadLogsRequest(), StreamLimits(5.0, **options))
 
 
 async def read_all(channel: GrpcChannel, request: pb.ReadLogsRequest, **options: Any) -> list[pb.LogChunk]:
-    async with channel.stream(pb.WorkerBase, "read_logs", request, StreamLimits(5.0, **options)) as chunks:
+    async with channel.stream(WorkerBase, "read_logs", request, StreamLimits(5.0, **options)) as chunks:
         return [chunk async for chunk in chunks]
 
 
@@ -109,7 +110,7 @@ async def test_an_error_after_some_messages_reaches_the_caller_after_them() -> N
     async with served(impl) as channel:
         with pytest.raises(NotFound, match="no such output"):
             async with channel.stream(
-                pb.WorkerBase, "read_logs", pb.ReadLogsRequest(), StreamLimits(5.0)
+                WorkerBase, "read_logs", pb.ReadLogsRequest(), StreamLimits(5.0)
             ) as chunks:
                 async for chunk in chunks:
                     got.append(chunk.assignment_id)

@@ -10,6 +10,7 @@ from functools import partial
 import trio
 
 from protocol import pb
+from protocol.bases import ControlPlaneBase
 from runtime.aio import asyncio_bridge, serve_grpc, trio_service
 from runtime.aio.grpc_server import MAX_CONCURRENT_STREAMS
 from runtime.client import ControlPlaneClient
@@ -38,7 +39,7 @@ async def test_150_calls_at_once_on_one_connection_all_reach_the_server() -> Non
     assert MAX_CONCURRENT_STREAMS >= CALLS
     replica = HoldingReplica()
     async with asyncio_bridge(), trio.open_nursery() as servers:
-        service = trio_service(pb.ControlPlaneBase, replica)
+        service = trio_service(ControlPlaneBase, replica)
         port = await servers.start(partial(serve_grpc, [service], "127.0.0.1", 0))
         client = ControlPlaneClient([f"127.0.0.1:{port}"], timeout_s=HANG_GUARD_S)
         replies: list[pb.HeartbeatReply] = []

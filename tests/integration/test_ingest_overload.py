@@ -18,6 +18,7 @@ from serving import serve_ingests
 
 from actors.ingest import ControlPlaneService, Ingest
 from protocol import pb
+from protocol.bases import ControlPlaneBase
 from runtime.aio import (
     GrpcChannel,
     PgConnection,
@@ -420,7 +421,7 @@ async def test_handlers_learn_the_deadline_and_their_refusals_reach_the_client()
     retryable DEADLINE_EXCEEDED."""
     impl = ScriptedControlPlane()
     async with asyncio_bridge(), trio.open_nursery() as nursery:
-        port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, impl)], "127.0.0.1", 0)
+        port = await nursery.start(serve_grpc, [trio_service(ControlPlaneBase, impl)], "127.0.0.1", 0)
         channel = GrpcChannel(f"127.0.0.1:{port}")
         try:
             stub = channel.stub(pb.ControlPlaneStub)

@@ -24,6 +24,7 @@ from agent.core import Agent
 from agent.main import run_agent
 from ops import certs as certs_module
 from protocol import pb
+from protocol.bases import WorkerBase
 from runtime.aio import GrpcChannel, PgConnection, StreamLimits
 from runtime.client import ControlPlaneClient
 from runtime.errors import (
@@ -332,7 +333,7 @@ async def test_over_mutual_tls_only_control_planes_may_call_worker_read_logs(
             request = pb.ReadLogsRequest(worker_id="w-1", job_id=job_id, assignment_id=aid)
             with pytest.raises(PermissionDenied, match="read_logs needs control-plane"):
                 async with channel.stream(
-                    pb.WorkerBase, "read_logs", request, StreamLimits(TIMEOUT_S)
+                    WorkerBase, "read_logs", request, StreamLimits(TIMEOUT_S)
                 ) as chunks:
                     await anext(chunks)
         finally:

@@ -36,6 +36,7 @@ from ops import certs as certs_module
 from ops.cli import app
 from ops.config import CERTS_DIR_ENV, CONFIG_ENV, IDENTITY_ENV, INSECURE_ENV, STATE_DIR_ENV
 from protocol import pb
+from protocol.bases import ControlPlaneBase, WorkerBase
 from runtime.aio import GrpcChannel, PgConnection, asyncio_bridge, serve_grpc, trio_service
 from runtime.aio.grpc_server import MAX_REQUEST_BYTES
 from runtime.errors import HandshakeRefused, InvalidArgument, NotFound, PermissionDenied, Unavailable
@@ -145,7 +146,7 @@ async def status_server(
     """:class:`StatusOnly` served on 127.0.0.1 with ``tls`` (None: plaintext); yields the port."""
     async with asyncio_bridge(), trio.open_nursery() as nursery:
         service = trio_service(
-            pb.ControlPlaneBase, StatusOnly(), access=access, max_request_bytes=max_request_bytes
+            ControlPlaneBase, StatusOnly(), access=access, max_request_bytes=max_request_bytes
         )
         serve = partial(
             serve_grpc,
@@ -348,7 +349,7 @@ async def test_a_fleet_certificate_does_not_pass_for_a_workers_server(tmp_path: 
     calls = GrpcWorkerCalls(tls=ClientTls(TlsFiles.in_dir(certs, "cp-1")))
     try:
         async with asyncio_bridge(), trio.open_nursery() as nursery:
-            service = trio_service(pb.WorkerBase, object())
+            service = trio_service(WorkerBase, object())
             port = await nursery.start(
                 partial(
                     serve_grpc,

@@ -29,6 +29,7 @@ from test_agent_reaper import MARKER, WORKER, AgentProcess, RecordingControlPlan
 from agent.container import container_name
 from agent.runtimes import ContainerJob, owner_of
 from protocol import pb
+from protocol.bases import ControlPlaneBase
 from runtime.aio import asyncio_bridge, serve_grpc, trio_service
 from runtime.oom import DEFAULT_AGENT_OOM_SCORE_ADJ, read_oom_score_adj
 
@@ -76,7 +77,7 @@ async def agent_process(tmp_path: Path, kind: str = "agent", **options: Any) -> 
     work_dir = tmp_path / "work"
     stderr_path = tmp_path / "agent.stderr"
     async with asyncio_bridge(), trio.open_nursery() as nursery:
-        cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
+        cp_port = await nursery.start(serve_grpc, [trio_service(ControlPlaneBase, cp)], "127.0.0.1", 0)
         with stderr_path.open("wb") as stderr_file:
             process = await trio.lowlevel.open_process(
                 [sys.executable, "-c", _script(kind, cp_port, work_dir, options)],

@@ -85,6 +85,10 @@ the certificate tooling)."""
 CLIENT = ("trio", "trio_asyncio", "grpclib", "betterproto2", "protocol", "rich", "ops.rpc", "runtime.client")
 """What a call that talks to the cluster needs, and ``--help`` and ``--version`` do not."""
 
+GRPC_SERVER = ("grpclib.server", "betterproto2.grpclib.grpclib_server", "protocol.bases")
+"""grpclib's server side and the generated service bases (:mod:`protocol.bases`), which a
+server subclasses: a unary call of a client needs none of them."""
+
 
 @attrs.frozen
 class Ran:
@@ -168,6 +172,7 @@ def test_a_client_command_loads_the_client_and_nothing_of_the_server() -> None:
     code, modules = loaded("status", "--control-planes", "127.0.0.1:1")
     assert code == 1
     assert under(modules, NEVER) == []
+    assert under(modules, GRPC_SERVER) == []
     assert {"trio", "protocol", "runtime.client"} <= set(modules)
 
 
@@ -225,9 +230,11 @@ NOT_HOT = (
     "ops.cli.base",
     "ops.cli.jobs",
     "importlib.metadata",
+    *GRPC_SERVER,
 )
 """What the hot commands' own layer (:mod:`ops.cli.fast`) does without: Typer, trio, the failover
-client, the Typer commands and importlib.metadata (betterproto2 asks it for its version)."""
+client, the Typer commands, importlib.metadata (betterproto2 asks it for its version) and
+grpclib's server side with the generated service bases (``GRPC_SERVER``)."""
 
 
 def test_help_loads_only_its_own_layer() -> None:
@@ -304,12 +311,13 @@ _FAKE_CONTROL_PLANE = """
 import asyncio, sys
 import grpclib.const, grpclib.server
 from protocol import pb
+from protocol.bases import ControlPlaneBase
 
 refuse = sys.argv[1] == "refuse"
 sent = open(sys.argv[2], "a")
 
 
-class FakeControlPlane(pb.ControlPlaneBase):
+class FakeControlPlane(ControlPlaneBase):
     async def status(self, message):
         return pb.StatusReply(
             leader="cp-1",
@@ -425,6 +433,18 @@ def test_the_hot_commands_load_neither_typer_nor_trio(
     assert done.code == 0, done.stderr
     assert under(done.modules, NOT_HOT if args[1] != "--json" else (*NOT_HOT, "rich")) == []
     assert under(done.modules, NEVER) == []
+
+
+def test_the_fast_layers_routes_are_the_services() -> None:
+    """The gRPC paths :mod:`ops.cli.fast` calls are the ControlPlane service's Status and
+    SubmitJob, with the reply types the generated service gives them."""
+    from ops.cli import fast
+    from protocol import pb
+    from protocol.bases import ControlPlaneBase
+
+    mapping = ControlPlaneBase().__mapping__()
+    assert mapping[fast._STATUS_ROUTE].reply_type is pb.StatusReply
+    assert mapping[fast._SUBMIT_JOB_ROUTE].reply_type is pb.SubmitJobReply
 
 
 @pytest.mark.parametrize("args", [["status"], ["status", "--json"]])

@@ -12,10 +12,11 @@ import grpclib.exceptions
 
 from ops.bench.loadgen.generator import LoadGenerator, SimulatedWorker, SleepRun
 from protocol import pb
+from protocol.bases import WorkerBase
 
 
 @attrs.define
-class SimulatedWorkerService(pb.WorkerBase):
+class SimulatedWorkerService(WorkerBase):
     """The Worker service of every simulated worker: sleep jobs only, checked as an agent does."""
 
     gen: LoadGenerator
