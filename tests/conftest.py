@@ -453,9 +453,13 @@ def pytest_configure(config: pytest.Config) -> None:
             subprocess.run(["rm", "-rf", "--one-file-system", str(folder)], check=False)
         config.option.basetemp = tempfile.mkdtemp(prefix=f"stockade-pytest-{os.getpid()}-")
 
-    settings.register_profile("fast", max_examples=properties.FAST_EXAMPLES)
-    if properties.fast():
-        settings.load_profile("fast")
+    # No per-example deadline: it is a wall-clock limit, which a loaded machine (CI beside other
+    # work) breaks without any fault in the code under test.
+    settings.register_profile("stockade", deadline=None)
+    settings.register_profile(
+        "fast", parent=settings.get_profile("stockade"), max_examples=properties.FAST_EXAMPLES
+    )
+    settings.load_profile("fast" if properties.fast() else "stockade")
 
 
 @pytest.fixture(autouse=True)
