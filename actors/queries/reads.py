@@ -274,10 +274,13 @@ SELECT t.interval_ms, t.dead_after_ms, p.reason, p.workers
   FROM heartbeat_told($1, $2) t LEFT JOIN heartbeat_policy p ON p.id = 1
 """
 
+# The first 20 jobs no worker could ever hold; a gang once, by its id (its rank 0 task: its tasks
+# share one spec and one reason).
 STATUS_UNSCHEDULABLE = (
     _JOB_INFO
     + """
- WHERE j.state = 'pending' AND j.reason LIKE 'unschedulable%' ORDER BY j.id LIMIT 20
+ WHERE j.state = 'pending' AND j.reason LIKE 'unschedulable%' AND (j.gang_id IS NULL OR j.id = j.gang_id)
+ ORDER BY j.id LIMIT 20
 """
 )
 

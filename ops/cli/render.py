@@ -174,7 +174,8 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
         stuck.add_column("job")
         stuck.add_column("reason")
         for job in status.unschedulable:
-            stuck.add_row(str(job.job_id), Text(job.reason or ""))
+            gang = "" if job.gang is None else f" (gang of {job.gang.size})"
+            stuck.add_row(f"{job.job_id}{gang}", Text(job.reason or ""))
         parts.append(stuck)
     return Group(*parts)
 

@@ -141,7 +141,7 @@ class JobGang:
     attempts: int
     """How many times it was placed whole."""
     failures: int
-    """Its attempts spent (a task failed or was lost)."""
+    """Its attempts spent (a task failed or timed out, or was lost with ``count_lost``)."""
     detail: str
     """Why its last attempt broke, or why it failed."""
 

@@ -488,3 +488,20 @@ async def test_a_batch_holding_a_gang_no_known_worker_set_could_hold_is_refused_
                 )
             ),
         )
+
+
+async def test_status_lists_an_unschedulable_gang_once_by_its_id(cluster: Cluster) -> None:
+    """Status's unschedulable list names a gang once, by its id (its rank 0 task), with its size,
+    beside a single job: a gang of 8 takes one of the list's 20 rows, not 8."""
+    tasks = await cluster.submit_gang(8, gpu=2)
+    single = await cluster.cp.call(
+        "submit_job",
+        pb.SubmitJobRequest(
+            spec=pb.JobSpec(name="one", cpu_millis=100, memory_mb=64, sleep=pb.SleepRuntime(duration_ms=10))
+        ),
+    )
+    reason = "unschedulable: needs 2 gpu, no worker offers gpu"
+    await cluster.admin.execute("UPDATE jobs SET reason = $1 WHERE state = 'pending'", reason)
+    reply = await cluster.cp.call("status", pb.StatusRequest())
+    listed = [(int(j.job_id), j.gang.size if j.gang else None) for j in reply.unschedulable]
+    assert listed == [(tasks[0], 8), (int(single.job_id), None)]

@@ -734,6 +734,22 @@ def test_status_shows_an_unhealthy_worker_its_reason_and_since_when() -> None:
     ]
 
 
+def test_status_shows_an_unschedulable_gang_once_with_its_size() -> None:
+    """An unschedulable gang (listed once, by its id) reads ``118 (gang of 8)``; a single job
+    its id alone."""
+    reply = status_reply()
+    reason = "unschedulable: needs 2 gpu, no worker offers gpu"
+    gang = pb.JobGang(gang_id=118, rank=0, size=8, state="live")
+    reply.unschedulable = [
+        pb.JobInfo(job_id=118, state="pending", reason=reason, gang=gang),
+        pb.JobInfo(job_id=130, state="pending", reason=reason),
+    ]
+    console = Console(width=200, record=True)
+    console.print(render_status(status_from_pb(reply)))
+    rows = [line.split() for line in console.export_text().splitlines() if reason in line]
+    assert [row[: row.index("unschedulable:")] for row in rows] == [["118", "(gang", "of", "8)"], ["130"]]
+
+
 def test_a_healthy_cluster_shows_no_unhealthy_table() -> None:
     """No worker marked: no "unhealthy workers" table."""
     reply = status_reply()
