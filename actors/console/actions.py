@@ -35,7 +35,7 @@ from runtime.errors import (
 )
 from runtime.lag import LoopLag
 from runtime.settings.control_plane import IngestSettings
-from runtime.validation import check_drain_deadline_ms
+from runtime.validation import check_drain_deadline_ms, check_drain_deadline_s
 
 __all__ = ["ACTIONS", "ActionDone", "ConsoleActions", "action_request"]
 
@@ -88,7 +88,7 @@ def action_request(action: str, target: str, body: dict[str, Any]) -> Any:
             return pb.DrainWorkerRequest(worker_id=target, idempotency_key=key)
         if isinstance(deadline_s, bool) or not isinstance(deadline_s, int | float):
             raise InvalidArgument("deadline_s", deadline_s, "must be a number of seconds or null")
-        deadline_ms = check_drain_deadline_ms(round(deadline_s * 1000))
+        deadline_ms = check_drain_deadline_ms(round(check_drain_deadline_s(deadline_s) * 1000))
         return pb.DrainWorkerRequest(
             worker_id=target, idempotency_key=key, has_deadline=True, deadline_ms=deadline_ms
         )

@@ -70,8 +70,10 @@ def job_counts(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, int]]:
 
 
 def job_name(row: Mapping[str, Any]) -> str:
-    """A job row's name as people read it: an array's task as ``name[index]``."""
-    return task_name(str(row["name"]), row["array_index"])
+    """A job row's name as people read it, as ``stockade list`` names it: an array's task as
+    ``name[index]``, a gang's task as ``name[rank]``."""
+    index = row["array_index"]
+    return task_name(str(row["name"]), row.get("gang_rank") if index is None else index)
 
 
 def whole_number(text: str) -> int | None:

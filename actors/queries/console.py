@@ -74,7 +74,7 @@ CONSOLE_WORKER = _WORKER_COLUMNS + " WHERE w.id = $1 GROUP BY w.id"
 # $1 worker id, $2 how many, $3 the only owner whose jobs' runs it lists (NULL: any). Its
 # assignments, active ones first, then the newest.
 CONSOLE_WORKER_ASSIGNMENTS = """
-SELECT a.id, a.job_id, j.name, j.array_index, a.state, a.epoch, a.worker_incarnation, a.cpu_millis,
+SELECT a.id, a.job_id, j.name, j.array_index, j.gang_rank, a.state, a.epoch, a.worker_incarnation, a.cpu_millis,
        a.memory_mb,
        coalesce(a.end_reason, '') AS end_reason, a.exit_code,
        extract(epoch FROM a.created_at)::float8 AS created_unix_s,
@@ -86,11 +86,12 @@ SELECT a.id, a.job_id, j.name, j.array_index, a.state, a.epoch, a.worker_incarna
 
 # $1 state ('' any), $2 a part of the name ('' any; matched as text, not as a pattern),
 # $3 a worker id ('' any: else jobs with a run on that worker), $4 how many, $5 the only owner
-# whose jobs it lists (NULL: any), $6 a job id (NULL: any; an array's id also matches its tasks),
-# $7 an array task's index (NULL: any), $8 only jobs older than this id (NULL: from the newest).
+# whose jobs it lists (NULL: any), $6 a job id (NULL: any; an array's or a gang's id also matches
+# its tasks), $7 an array task's index or a gang task's rank (NULL: any), $8 only jobs older than
+# this id (NULL: from the newest).
 # Newest first, with the worker of each job's latest run.
 CONSOLE_JOBS = """
-SELECT j.id, j.name, j.array_index, j.state, j.reason, j.runtime, j.cpu_millis, j.memory_mb, j.priority,
+SELECT j.id, j.name, j.array_index, j.gang_rank, j.state, j.reason, j.runtime, j.cpu_millis, j.memory_mb, j.priority,
        j.attempts, j.exit_code, j.owner, extract(epoch FROM j.submitted_at)::float8 AS submitted_unix_s,
        extract(epoch FROM now() - j.submitted_at)::float8 AS age_s, a.worker_id
   FROM jobs j
@@ -101,8 +102,8 @@ SELECT j.id, j.name, j.array_index, j.state, j.reason, j.runtime, j.cpu_millis, 
    AND ($2 = '' OR strpos(lower(j.name), lower($2)) > 0)
    AND ($3 = '' OR EXISTS (SELECT FROM assignments b WHERE b.job_id = j.id AND b.worker_id = $3))
    AND ($5::text IS NULL OR j.owner = $5::text)
-   AND ($6::bigint IS NULL OR j.id = $6::bigint OR j.array_id = $6::bigint)
-   AND ($7::int IS NULL OR j.array_index = $7::int)
+   AND ($6::bigint IS NULL OR j.id = $6::bigint OR j.array_id = $6::bigint OR j.gang_id = $6::bigint)
+   AND ($7::int IS NULL OR j.array_index = $7::int OR j.gang_rank = $7::int)
    AND ($8::bigint IS NULL OR j.id < $8::bigint)
  ORDER BY j.id DESC LIMIT $4
 """

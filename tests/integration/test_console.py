@@ -243,15 +243,19 @@ async def test_an_unhealthy_worker_shows_its_state_reason_and_probe(database_url
     assert "a probe job may be placed in 1 min" in worker[2]
 
 
-async def test_an_arrays_task_is_named_with_its_index_on_every_page(database_url: str) -> None:
-    """A task of an array (index 3 of job sh's array) reads sh[3] in the jobs list, on its own
-    page and among its worker's assignments; a job of no array keeps its plain name."""
+@pytest.mark.parametrize("columns", ["array_id = $1, array_index = 3", "gang_id = $1, gang_rank = 3"])
+async def test_an_arrays_or_a_gangs_task_is_named_with_its_index_on_every_page(
+    database_url: str, columns: str
+) -> None:
+    """A task of an array (index 3 of job sh's array), or of a gang (rank 3), reads sh[3] in the
+    jobs list, on its own page and among its worker's assignments, and a search by ``sh[3]``
+    finds it; a job of neither keeps its plain name."""
     await seed_cluster(database_url)
     async with asyncio_bridge():
         db = await PgConnection.connect(database_url)
         try:
             task = await insert_job(db, "sh", 100, 64, 0, "command", None, ["sh", "-c", "true"])
-            await db.execute("UPDATE jobs SET array_id = $1, array_index = 3 WHERE id = $1", task)
+            await db.execute(f"UPDATE jobs SET {columns} WHERE id = $1", task)
             await db.execute(
                 "INSERT INTO assignments (job_id, worker_id, worker_incarnation, cpu_millis, memory_mb,"
                 " epoch) VALUES ($1, 'w-1', 1, 100, 64, 4)",
@@ -263,7 +267,9 @@ async def test_an_arrays_task_is_named_with_its_index_on_every_page(database_url
         jobs = await get(console, "/part/jobs")
         job = await get(console, f"/part/jobs/{task}")
         worker = await get(console, "/part/workers/w-1")
+        found = await get(console, "/part/jobs?name=sh%5B3%5D")
     assert f'<a href="/jobs/{task}">{task}</a></td><td>sh[3]</td>' in jobs[2]
+    assert f'<tr data-id="{task}"' in found[2]
     assert "<td>hello &lt;b&gt;world&lt;/b&gt;</td>" in jobs[2]
     assert '<span class="job-name" id="job-name">sh[3]</span>' in job[2]
     assert f'<a href="/jobs/{task}">{task}</a> sh[3]</td>' in worker[2]

@@ -226,7 +226,7 @@ async def test_the_jobs_part_pages_and_searches_by_id_name_and_task(database_url
     assert listed(by_array[2]) == [ids[12], ids[11], ids[10]]
     assert listed(by_name[2]) == sorted([ids[5], *ids[50:60]], reverse=True)
     assert listed(by_task[2]) == [ids[11]] and "job-10[1]" in by_task[2]
-    assert "task 1 of an array whose name contains &ldquo;job-10&rdquo;" in by_task[2]
+    assert "task 1 of an array or gang whose name contains &ldquo;job-10&rdquo;" in by_task[2]
     assert bad_id[0] == 400 and "id must be a job id" in bad_id[2]
 
 

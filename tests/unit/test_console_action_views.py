@@ -39,7 +39,14 @@ def test_a_drain_carries_its_deadline_in_milliseconds_or_none() -> None:
         ("cancel", "12abc", {"idempotency_key": "k"}, "job_id must be a whole number, got '12abc'"),
         ("cancel", "7", {}, "idempotency_key must be text, got None"),
         ("drain", "w-1", {"idempotency_key": "k", "deadline_s": True}, "deadline_s must be a number"),
-        ("drain", "w-1", {"idempotency_key": "k", "deadline_s": -1}, "deadline"),
+        (
+            "drain",
+            "w-1",
+            {"idempotency_key": "k", "deadline_s": -1},
+            "deadline_s must be between 0 and 604800 seconds",
+        ),
+        ("drain", "w-1", {"idempotency_key": "k", "deadline_s": float("inf")}, "deadline_s must be between"),
+        ("drain", "w-1", {"idempotency_key": "k", "deadline_s": float("nan")}, "deadline_s must be between"),
         ("reboot", "w-1", {"idempotency_key": "k"}, "action must be one of cancel, cancel-task"),
     ],
 )

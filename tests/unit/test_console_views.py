@@ -68,11 +68,13 @@ def test_a_bar_clamps_an_allocation_above_capacity_and_says_so() -> None:
     assert bar(0, 0, "MiB").fraction == 0.0
 
 
-def test_an_arrays_task_is_named_with_its_index() -> None:
-    """A task of an array reads name[index] (index 0 too); a job of no array its plain name."""
+def test_an_arrays_task_is_named_with_its_index_and_a_gangs_with_its_rank() -> None:
+    """A task of an array reads name[index] (index 0 too), a gang's task name[rank], as
+    ``stockade list`` names them; a job of neither its plain name."""
     assert job_name({"name": "sh", "array_index": 3}) == "sh[3]"
     assert job_name({"name": "sh", "array_index": 0}) == "sh[0]"
-    assert job_name({"name": "sh", "array_index": None}) == "sh"
+    assert job_name({"name": "sh", "array_index": None, "gang_rank": 2}) == "sh[2]"
+    assert job_name({"name": "sh", "array_index": None, "gang_rank": None}) == "sh"
 
 
 def test_labels_are_sorted_pairs() -> None:
