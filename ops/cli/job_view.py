@@ -160,7 +160,8 @@ def lifecycle_rows(info: Job) -> list[tuple[str, str]]:
             (
                 "gang",
                 f"task {gang.rank} of gang {gang.gang_id} ({gang.size} tasks{spread}): {gang.state}, "
-                f"placed {gang.attempts} times, {gang.failures} attempts spent"
+                f"placed {gang.attempts} time{'' if gang.attempts == 1 else 's'}, "
+                f"{gang.failures} attempt{'' if gang.failures == 1 else 's'} spent"
                 + (f"; {gang.detail}" if gang.detail else ""),
             )
         )

@@ -341,3 +341,7 @@ def test_a_gang_tasks_attempts_are_its_gangs() -> None:
     rows = dict(lifecycle_rows(attrs.evolve(info, gang=gang)))
     assert rows["attempts"].startswith("2 of 3 spent by the gang, ")
     assert rows["gang"].startswith("task 1 of gang 8 (3 tasks): failed, placed 2 times, 2 attempts spent")
+    once = attrs.evolve(gang, state="live", attempts=1, failures=1)
+    assert dict(lifecycle_rows(attrs.evolve(info, gang=once)))["gang"].startswith(
+        "task 1 of gang 8 (3 tasks): live, placed 1 time, 1 attempt spent"
+    )
