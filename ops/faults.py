@@ -12,7 +12,7 @@ import signal
 import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import psutil
@@ -307,6 +307,7 @@ async def jobs_moved(
     Raises:
         FaultError: they did not all run elsewhere within ``timeout_s`` seconds.
     """
+    jobs: list[Any] = []
     with trio.move_on_after(timeout_s):
         while True:
             jobs = []
@@ -324,7 +325,13 @@ async def jobs_moved(
                     if len(starts) == len(to_move):
                         return Moved(seconds=max(starts.values(), default=killed_at) - killed_at, jobs=jobs)
             await trio.sleep(0.05)
-    raise FaultError(f"the jobs of {victim} did not run elsewhere within {timeout_s:g} s of the kill")
+    # The jobs still on the victim or pending, as last read: what held the wait up.
+    left = [j for j in jobs if (j.worker_id == victim and j.state not in ENDED) or j.state == "pending"]
+    why = "; ".join(f"job {j.job_id} {j.state}{': ' + j.reason if j.reason else ''}" for j in left[:5])
+    raise FaultError(
+        f"the jobs of {victim} did not run elsewhere within {timeout_s:g} s of the kill"
+        + (f" ({why}{'; ...' if len(left) > 5 else ''})" if why else "")
+    )
 
 
 def _starts_after(state: StateDir, since: float, job_ids: set[int], worker_ids: set[str]) -> dict[int, float]:

@@ -76,9 +76,14 @@ async def test_jobs_moved_when_each_started_elsewhere_after_the_kill(tmp_path: P
 
 
 async def test_jobs_not_moved_in_time_raise_a_fault_error(tmp_path: Path) -> None:
-    """A job still pending when the time is up: FaultError, naming the worker."""
-    client = _Jobs({1: pb.JobInfo(job_id=1, state="pending")})
-    with pytest.raises(FaultError, match=r"the jobs of w-1 did not run elsewhere within 0\.2 s"):
+    """A job still pending when the time is up: FaultError, naming the worker and the job that
+    held the wait up, with its reason."""
+    reason = "unschedulable: gang of 4 needs 4 workers"
+    client = _Jobs({1: pb.JobInfo(job_id=1, state="pending", reason=reason)})
+    with pytest.raises(
+        FaultError,
+        match=rf"the jobs of w-1 did not run elsewhere within 0\.2 s of the kill \(job 1 pending: {reason}\)",
+    ):
         await jobs_moved(client, StateDir(tmp_path), "w-1", [1], KILLED_AT, timeout_s=0.2)  # type: ignore[arg-type]
 
 
