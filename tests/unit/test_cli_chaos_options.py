@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -37,34 +38,40 @@ def test_no_option_runs_the_settings_defaults(monkeypatch: pytest.MonkeyPatch, t
     assert given["cluster"] == LocalCluster(StateDir(tmp_path), insecure=False, ha_db=False)
 
 
-def test_every_option_sets_its_field(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The failovers argument and each settings option reach the field they name (``--rate``:
-    ``submit_rate_per_s``); the cluster's options reach the cluster."""
-    args = ["7", "--worker-kills", "2", "--worker-restarts", "3", "--partitions", "4"]
-    args += ["--partition-s", "5.5", "--mass-partitions", "1", "--mass-partition-s", "11"]
-    args += ["--db-restarts", "2", "--workers", "4", "--rate", "3.5", "--failing-share", "0.25"]
-    args += ["--gangs", "--seed", "9", "--accounts", "3", "--preemption", "--schedule-every-s", "0"]
-    args += ["--no-devices", "--insecure", "--keep", "--state-dir", str(tmp_path)]
-    given = harness_given(args, monkeypatch)
-    assert given["settings"] == ChaosSettings(
-        failovers=7,
-        worker_kills=2,
-        worker_restarts=3,
-        partitions=4,
-        partition_s=5.5,
-        mass_partitions=1,
-        mass_partition_s=11.0,
-        db_restarts=2,
-        workers=4,
-        submit_rate_per_s=3.5,
-        failing_share=0.25,
-        gangs=True,
-        seed=9,
-        accounts=3,
-        preemption=True,
-        schedule_every_s=0,
-        devices=False,
-    )
+@pytest.mark.parametrize(
+    ("args", "field", "value"),
+    [
+        (["7"], "failovers", 7),
+        (["--worker-kills", "2"], "worker_kills", 2),
+        (["--worker-restarts", "3"], "worker_restarts", 3),
+        (["--partitions", "4"], "partitions", 4),
+        (["--partition-s", "5.5"], "partition_s", 5.5),
+        (["--mass-partitions", "1"], "mass_partitions", 1),
+        (["--mass-partition-s", "11"], "mass_partition_s", 11.0),
+        (["--db-restarts", "2"], "db_restarts", 2),
+        (["--workers", "4"], "workers", 4),
+        (["--rate", "3.5"], "submit_rate_per_s", 3.5),
+        (["--failing-share", "0.25"], "failing_share", 0.25),
+        (["--gangs"], "gangs", True),
+        (["--seed", "9"], "seed", 9),
+        (["--accounts", "3"], "accounts", 3),
+        (["--preemption"], "preemption", True),
+        (["--schedule-every-s", "0"], "schedule_every_s", 0),
+        (["--no-devices"], "devices", False),
+    ],
+)
+def test_an_option_sets_its_field(
+    args: list[str], field: str, value: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The failovers argument and each settings option set the field they name (``--rate``:
+    ``submit_rate_per_s``) and no other."""
+    given = harness_given([*args, "--state-dir", str(tmp_path)], monkeypatch)
+    assert given["settings"] == attrs.evolve(ChaosSettings(), **{field: value})
+
+
+def test_the_clusters_options_reach_the_cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--insecure and --state-dir make the cluster (with --keep taken too)."""
+    given = harness_given(["--insecure", "--keep", "--state-dir", str(tmp_path)], monkeypatch)
     assert given["cluster"] == LocalCluster(StateDir(tmp_path), insecure=True, ha_db=False)
 
 
