@@ -20,17 +20,17 @@ import trio
 
 from ops import certs as certs_module
 from ops import checker, faults
-from ops.chaos_workload import Workload, sample_devices, sample_partial_gangs
-from ops.chaosresult import (
+from ops.chaos_settings import (
     CHAOS_GPUS_PER_WORKER,
     CHAOS_PREEMPT_COOLDOWN_S,
     CHAOS_PREEMPT_GRACE_S,
     CHAOS_SCHEDULE_DEADLINE_S,
     CHAOS_SCHEDULE_NAME,
     FINISH_PROGRESS_EVERY_S,
-    ChaosResult,
     ChaosSettings,
 )
+from ops.chaos_workload import Workload, sample_devices, sample_partial_gangs
+from ops.chaosresult import ChaosResult
 from ops.faults import FaultError, fault_environment
 from ops.launcher.control import LocalCluster
 from ops.launcher.docker import DockerCluster

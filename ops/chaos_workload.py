@@ -15,7 +15,7 @@ import attrs
 import trio
 
 from ops import checker
-from ops.chaosresult import (
+from ops.chaos_settings import (
     DEVICE_JOB_DURATION_S,
     DEVICE_JOB_GPUS,
     FAILING_MAX_ATTEMPTS,
@@ -25,9 +25,9 @@ from ops.chaosresult import (
     HIGH_PRIORITY,
     HIGH_PRIORITY_EVERY,
     PREEMPTION_JOB_DURATION_S,
-    ChaosResult,
     ChaosSettings,
 )
+from ops.chaosresult import ChaosResult
 from protocol import pb
 from runtime.client import ControlPlaneClient
 from runtime.errors import StockadeError
@@ -166,7 +166,7 @@ async def sample_devices(database_url: str, result: ChaosResult, stop: trio.Even
 
 
 async def sample_partial_gangs(database_url: str, result: ChaosResult, stop: trio.Event) -> None:
-    """Read the view ``partial_gangs`` every :data:`ops.chaosresult.GANG_SAMPLE_EVERY_S` until ``stop``,
+    """Read the view ``partial_gangs`` every :data:`ops.chaos_settings.GANG_SAMPLE_EVERY_S` until ``stop``,
     counting the reads and those that found a partial gang (docs/gangs.md); a read the
     database does not answer (it may be restarting) is skipped."""
     while not stop.is_set():

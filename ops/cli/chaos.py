@@ -4,15 +4,17 @@ checker on a cluster's history)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
 from collections.abc import Collection
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ops.chaos_settings import ChaosSettings
 from ops.cli.base import app
 from ops.cli.common import (
     EXIT_INVALID,
@@ -24,7 +26,7 @@ from ops.cli.common import (
     interruptible,
     recorded_local_state,
 )
-from ops.cli.options import quiet_option
+from ops.cli.options import Option, Options, quiet_option, settings_fields, settings_rows, with_options
 from ops.config import ClusterError, default_state_dir
 from runtime.errors import InvalidArgument
 
@@ -33,197 +35,181 @@ if TYPE_CHECKING:
     from ops.cluster import ClusterConfig
 
 
-def _count(help_text: str) -> Any:
-    """A ``--option`` that counts faults (0 or more)."""
-    return typer.Option(min=0, help=help_text)
+_chaos = settings_rows("chaos", functools.partial(getattr, ChaosSettings()))
 
 
-def _seconds(help_text: str) -> Any:
-    """A ``--option`` that says how long a fault lasts (at least 10 ms)."""
-    return typer.Option(min=0.01, help=help_text)
+def _count(field: str, help: str) -> dict[str, Option]:
+    """The option of a :class:`ChaosSettings` field that counts faults (0 or more)."""
+    return _chaos(field, min=0, help=help)
 
 
-@app.command("chaos")
-def chaos(
-    failovers: Annotated[
-        int, typer.Argument(min=0, help="Leader failovers to inject (kill, freeze, ...).")
-    ] = 200,
-    worker_kills: Annotated[int, _count("Workers to SIGKILL and restart along the way.")] = 0,
-    worker_restarts: Annotated[
-        int,
-        _count(
-            "Planned restarts of workers along the way: SIGHUP (the agent exits leaving its jobs "
-            "running), then started again; the new agent must keep every job."
-        ),
-    ] = 0,
-    partitions: Annotated[
-        int, _count("Times to cut a worker off from every control plane, then heal it.")
-    ] = 0,
-    partition_s: Annotated[float, _seconds("How long each partition lasts, seconds.")] = 4.0,
-    mass_partitions: Annotated[
-        int, _count("Times to cut every worker off from every control plane at once, then heal them.")
-    ] = 0,
-    mass_partition_s: Annotated[float, _seconds("How long each cut of every worker lasts, seconds.")] = 10.0,
-    db_restarts: Annotated[
-        int, _count("Times to stop the database (fast shutdown or SIGKILL) for 2-12 s, then start it again.")
-    ] = 0,
-    ha_db: Annotated[
-        bool,
+def _seconds(field: str, help: str) -> dict[str, Option]:
+    """The option of a :class:`ChaosSettings` field that says how long a fault lasts (at least 10 ms)."""
+    return _chaos(field, min=0.01, help=help)
+
+
+CHAOS_OPTIONS: dict[str, Option] = {
+    **_chaos("failovers", typer.Argument(min=0, help="Leader failovers to inject (kill, freeze, ...).")),
+    **_count("worker_kills", "Workers to SIGKILL and restart along the way."),
+    **_count(
+        "worker_restarts",
+        "Planned restarts of workers along the way: SIGHUP (the agent exits leaving its jobs "
+        "running), then started again; the new agent must keep every job.",
+    ),
+    **_count("partitions", "Times to cut a worker off from every control plane, then heal it."),
+    **_seconds("partition_s", "How long each partition lasts, seconds."),
+    **_count(
+        "mass_partitions", "Times to cut every worker off from every control plane at once, then heal them."
+    ),
+    **_seconds("mass_partition_s", "How long each cut of every worker lasts, seconds."),
+    **_count(
+        "db_restarts",
+        "Times to stop the database (fast shutdown or SIGKILL) for 2-12 s, then start it again.",
+    ),
+    **_chaos(
+        "ha_db",
         typer.Option(
             "--ha-db", help="Run the chaos cluster on a PostgreSQL failover pair (as `stockade up --ha-db`)."
         ),
-    ] = False,
-    db_failovers: Annotated[
-        int,
-        _count(
-            "With --ha-db: times to SIGKILL the database's primary, let Patroni promote the standby, "
-            "and start the old primary again as the standby."
-        ),
-    ] = 0,
-    workers: Annotated[int, typer.Option(min=1, help="Workers in the chaos cluster.")] = 10,
-    rate: Annotated[float, typer.Option(min=0.01, help="Jobs submitted per second.")] = 12.0,
-    failing_share: Annotated[
-        float,
-        typer.Option(
-            min=0.0,
-            max=1.0,
-            help="Share of the jobs made to fail (a command exiting 3, max_attempts 2): each must be "
-            "retried once and end failed, every other job succeeded.",
-        ),
-    ] = 0.1,
-    gangs: Annotated[
-        bool,
+    ),
+    **_count(
+        "db_failovers",
+        "With --ha-db: times to SIGKILL the database's primary, let Patroni promote the standby, "
+        "and start the old primary again as the standby.",
+    ),
+    **_chaos("workers", min=1, help="Workers in the chaos cluster."),
+    **_chaos("submit_rate_per_s", option="rate", min=0.01, help="Jobs submitted per second."),
+    **_chaos(
+        "failing_share",
+        min=0.0,
+        max=1.0,
+        help="Share of the jobs made to fail (a command exiting 3, max_attempts 2): each must be "
+        "retried once and end failed, every other job succeeded.",
+    ),
+    **_chaos(
+        "gangs",
         typer.Option(
             "--gangs",
             help="Make every fifth submission a gang of 2 to 8 sleep tasks (every other one spread; with "
             "devices, half of them asking 1 or 2 gpu per task) and sample the database for partial gangs "
             "during the run (docs/gangs.md).",
         ),
-    ] = False,
-    seed: Annotated[int, typer.Option(help="Seed of the job stream and the worker kills.")] = 1,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the results as JSON.")] = None,
-    state_dir: Annotated[
-        Path | None, typer.Option(help="State folder of the chaos cluster (default .stockade/chaos).")
-    ] = None,
-    keep: Annotated[bool, typer.Option(help="Leave the chaos cluster running afterwards.")] = False,
-    insecure: Annotated[
-        bool, typer.Option("--insecure", help="Run the chaos cluster without TLS (development only).")
-    ] = False,
-    accounts: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            max=20,
-            help="User accounts submitting the jobs, round-robin (chaos-1, chaos-2, ...; weights 1, 2, 3 in "
-            "turn); 1: the operator alone.",
-        ),
-    ] = 1,
-    preemption: Annotated[
-        bool,
+    ),
+    **_chaos("seed", help="Seed of the job stream and the worker kills."),
+    "json_path": Option(
+        None, typer.Option("--json", help="Also write the results as JSON."), kind=Path | None
+    ),
+    "state_dir": Option(
+        None, help="State folder of the chaos cluster (default .stockade/chaos).", kind=Path | None
+    ),
+    "keep": Option(False, help="Leave the chaos cluster running afterwards."),
+    "insecure": Option(
+        False, typer.Option("--insecure", help="Run the chaos cluster without TLS (development only).")
+    ),
+    **_chaos(
+        "accounts",
+        min=1,
+        max=20,
+        help="User accounts submitting the jobs, round-robin (chaos-1, chaos-2, ...; weights 1, 2, 3 in "
+        "turn); 1: the operator alone.",
+    ),
+    **_chaos(
+        "preemption",
         typer.Option(
             "--preemption",
             help="Run the control planes with preemption on (grace 1 s, cooldown 5 s) under jobs that fill "
             "the cluster; every 15th job asks 4,000 cpu_millis at priority 10.",
         ),
-    ] = False,
-    schedule_every_s: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            max=59,
-            help="A schedule firing a short job every S seconds runs through the run; the checker "
-            "proves each slot was recorded exactly once (0: none).",
-        ),
-    ] = 2,
-    devices: Annotated[
-        bool,
+    ),
+    **_chaos(
+        "schedule_every_s",
+        min=0,
+        max=59,
+        help="A schedule firing a short job every S seconds runs through the run; the checker "
+        "proves each slot was recorded exactly once (0: none).",
+    ),
+    **_chaos(
+        "devices",
         typer.Option(
             "--devices/--no-devices",
             help="Give every worker 8 fake gpu units and make three jobs in four ask 1 to 4 of them, "
             "running 2 to 6 s; the checker also checks no unit was held by two jobs at once, and the "
             "table shows the gpu use while jobs waited (docs/devices.md).",
         ),
-    ] = True,
-    docker: Annotated[
-        bool,
+    ),
+    **_chaos(
+        "docker",
         typer.Option(
             "--docker",
             help="Run the chaos cluster in containers (as `stockade up --docker`): freezes are docker "
             "pause, partitions take a worker off the network, database restarts are container restarts.",
         ),
-    ] = False,
-) -> None:
-    """Start a fresh cluster, inject leader failovers (alternating SIGKILL and SIGSTOP/SIGCONT,
-    some frozen inside a fenced transaction), and the worker kills, partitions, cut-offs of every
-    worker and database restarts asked for, under a steady job stream; wait for every job, and
-    check that none was placed or run twice and that no outage killed running work. Exits 1
-    when a safety count is not 0 or a job did not finish."""
-    import trio
+    ),
+}
+"""The options of ``stockade chaos``, in their ``--help`` order: those of group ``chaos`` set the
+:class:`ChaosSettings` field they name (their defaults are its), the others say where the
+cluster runs and what is kept of it."""
 
-    from ops.chaos import Harness
-    from ops.chaosresult import ChaosSettings, chaos_table
-    from ops.cluster import ClusterDriver, DockerCluster, LocalCluster, StateDir
 
-    if docker and preemption:
+def _refuse_what_cannot_run(settings: ChaosSettings) -> None:
+    """Refuse (one line, exit 2) settings no chaos cluster here can run: a fault or mode the
+    cluster's kind lacks, or --ha-db without the tools it needs."""
+    if settings.docker and settings.preemption:
         fail("--preemption is not available with --docker yet: run it on a local cluster", EXIT_INVALID)
-    if docker and ha_db:
+    if settings.docker and settings.ha_db:
         fail("--ha-db is not available with --docker: drop one of them", EXIT_INVALID)
-    if docker and worker_restarts:
+    if settings.docker and settings.worker_restarts:
         fail("--worker-restarts is not available with --docker: a container's jobs end with it", EXIT_INVALID)
-    if db_failovers and not ha_db:
+    if settings.db_failovers and not settings.ha_db:
         fail(
             "--db-failovers needs --ha-db (the embedded database has no standby to fail over to)",
             EXIT_INVALID,
         )
-    if db_restarts and os.environ.get("DATABASE_URL") and not docker:
+    if settings.db_restarts and os.environ.get("DATABASE_URL") and not settings.docker:
         fail("--db-restarts restarts the embedded database, and DATABASE_URL is set; unset it", EXIT_INVALID)
-    if db_restarts and ha_db:
+    if settings.db_restarts and settings.ha_db:
         fail("--db-restarts restarts the embedded database; with --ha-db use --db-failovers", EXIT_INVALID)
-    if ha_db:
+    if settings.ha_db:
         from ops.launcher.hadb_members import INSTALL_HINT, missing_tools
 
         missing = missing_tools()
         if missing:
             fail(f"--ha-db needs {', '.join(missing)}: {INSTALL_HINT}", EXIT_INVALID)
-    root = state_dir or (default_state_dir() / "chaos")
+
+
+@app.command("chaos")
+@with_options(CHAOS_OPTIONS)
+def chaos(*, options: Options) -> None:
+    """Start a fresh cluster, inject leader failovers (alternating SIGKILL and SIGSTOP/SIGCONT,
+    some frozen inside a fenced transaction), and the worker kills, partitions, cut-offs of every
+    worker and database restarts asked for, under a steady job stream; wait for every job, and
+    check that none was placed or run twice and that no outage killed running work. Exits 1
+    when a safety count is not 0 or a job did not finish."""
+    settings = ChaosSettings(**settings_fields(CHAOS_OPTIONS, options, "chaos"))
+    _refuse_what_cannot_run(settings)
+    import trio
+
+    from ops.chaos import Harness
+    from ops.chaosresult import chaos_table
+    from ops.cluster import ClusterDriver, DockerCluster, LocalCluster, StateDir
+
+    folder, insecure = StateDir(options["state_dir"] or default_state_dir() / "chaos"), options["insecure"]
     cluster: ClusterDriver
-    if docker:
-        cluster = DockerCluster(StateDir(root), insecure=insecure)
+    if settings.docker:
+        cluster = DockerCluster(folder, insecure=insecure)
     else:
-        cluster = LocalCluster(StateDir(root), insecure=insecure, ha_db=ha_db)
-    settings = ChaosSettings(
-        failovers=failovers,
-        worker_kills=worker_kills,
-        worker_restarts=worker_restarts,
-        partitions=partitions,
-        partition_s=partition_s,
-        mass_partitions=mass_partitions,
-        mass_partition_s=mass_partition_s,
-        db_restarts=db_restarts,
-        db_failovers=db_failovers,
-        ha_db=ha_db,
-        docker=docker,
-        workers=workers,
-        submit_rate_per_s=rate,
-        failing_share=failing_share,
-        seed=seed,
-        accounts=accounts,
-        preemption=preemption,
-        schedule_every_s=schedule_every_s,
-        devices=devices,
-        gangs=gangs,
-    )
+        cluster = LocalCluster(folder, insecure=insecure, ha_db=settings.ha_db)
     harness = Harness(settings=settings, cluster=cluster, progress=lambda line: err_console().print(line))
     try:
         with interruptible(), errors():
             result = trio.run(harness.run)
     finally:
-        if not keep:
+        if not options["keep"]:
             with contextlib.suppress(ClusterError):
                 cluster.down()
     console().print(chaos_table(result))
-    if json_path is not None:
-        json_path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    if options["json_path"] is not None:
+        options["json_path"].write_text(json.dumps(result.to_json(), indent=2) + "\n")
     if not result.ok:
         raise typer.Exit(EXIT_UNAVAILABLE)
 

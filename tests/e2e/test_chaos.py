@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ops import checker, invariants
 from ops.chaos import Harness
-from ops.chaosresult import ChaosSettings
+from ops.chaos_settings import ChaosSettings
 from ops.cluster import LocalCluster
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge

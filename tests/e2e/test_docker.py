@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from ops.chaos import Harness
-from ops.chaosresult import ChaosSettings
+from ops.chaos_settings import ChaosSettings
 from ops.cluster import DockerCluster, StateDir
 from ops.launcher.docker_engine import CLUSTER_LABEL
 from protocol import pb

@@ -12,7 +12,7 @@ from test_cluster import Launch, fetch, launch, wait_for
 
 from ops import rpc
 from ops.chaos import Harness
-from ops.chaosresult import ChaosSettings
+from ops.chaos_settings import ChaosSettings
 from ops.cluster import LocalCluster
 from protocol import pb
 

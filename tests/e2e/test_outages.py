@@ -20,7 +20,7 @@ import trio
 
 from ops import checker
 from ops.chaos import Harness
-from ops.chaosresult import ChaosSettings
+from ops.chaos_settings import ChaosSettings
 from ops.cluster import LocalCluster
 from protocol import pb
 from runtime.aio import asyncio_bridge

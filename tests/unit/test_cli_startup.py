@@ -143,6 +143,7 @@ def under(modules: list[str], prefixes: tuple[str, ...]) -> list[str]:
         ["logs", "--help"],
         ["up", "--help"],
         ["certs", "--help"],
+        ["chaos", "--help"],
     ],
 )
 def test_help_and_version_load_neither_the_client_nor_the_server(args: list[str]) -> None:

@@ -1,6 +1,6 @@
 """``stockade agent`` (one worker) and ``stockade fleet`` (many workers in one process): the
 options both take are declared once, in :data:`WORKER_OPTIONS`, which
-:func:`ops.cli.processes.with_options` gives to each command."""
+:func:`ops.cli.options.with_options` gives to each command."""
 
 from __future__ import annotations
 
@@ -12,16 +12,8 @@ import typer
 
 from ops.cli.base import app
 from ops.cli.common import errors, fail
-from ops.cli.processes import (
-    PROCESS_OPTIONS,
-    Option,
-    Options,
-    cert_folder,
-    check_tls_files,
-    settings_fields,
-    settings_rows,
-    with_options,
-)
+from ops.cli.options import Option, Options, settings_fields, settings_rows, with_options
+from ops.cli.processes import PROCESS_OPTIONS, cert_folder, check_tls_files
 from ops.config import named_addresses
 from runtime import identifiers
 from runtime.identifiers import parse_labels

@@ -12,6 +12,7 @@ import typer
 from ops.cli import processes
 from ops.cli.base import app
 from ops.cli.common import EXIT_INVALID, errors, fail
+from ops.cli.options import Option, Options, settings_fields, settings_rows, with_options
 from runtime.errors import InvalidArgument
 from runtime.priority import check_nice
 from runtime.settings.control_plane import DatabaseWatchSettings, IngestSettings
@@ -28,14 +29,14 @@ _LEASE = LeaseSettings()
 _PLACER = PlacerSettings()
 _RECONCILER = ReconcilerSettings()
 _WATCH = DatabaseWatchSettings()
-_ingest = processes.settings_rows("ingest", functools.partial(getattr, _INGEST))
-_lease = processes.settings_rows("lease", functools.partial(getattr, _LEASE))
-_placer = processes.settings_rows("placer", functools.partial(getattr, _PLACER))
-_reconciler = processes.settings_rows("reconciler", functools.partial(getattr, _RECONCILER))
-_watch = processes.settings_rows("database_watch", functools.partial(getattr, _WATCH))
+_ingest = settings_rows("ingest", functools.partial(getattr, _INGEST))
+_lease = settings_rows("lease", functools.partial(getattr, _LEASE))
+_placer = settings_rows("placer", functools.partial(getattr, _PLACER))
+_reconciler = settings_rows("reconciler", functools.partial(getattr, _RECONCILER))
+_watch = settings_rows("database_watch", functools.partial(getattr, _WATCH))
 
 
-CONTROL_PLANE_OPTIONS: dict[str, processes.Option] = {
+CONTROL_PLANE_OPTIONS: dict[str, Option] = {
     **_lease("lease_ttl_s", help="Lease time to live, seconds."),
     **_lease(
         "max_main_loop_stall_s",
@@ -195,7 +196,7 @@ CONTROL_PLANE_OPTIONS: dict[str, processes.Option] = {
         help="A worker is declared dead after this many heartbeat intervals without one, never "
         "sooner than --dead-after-s (at least 3).",
     ),
-    "suspect_after_s": processes.Option(
+    "suspect_after_s": Option(
         None,
         kind=float | None,
         group="reconciler",
@@ -267,7 +268,7 @@ CONTROL_PLANE_OPTIONS: dict[str, processes.Option] = {
         help="This long after a worker was marked unhealthy, one job at a time may be placed there "
         "as a probe (its success clears the mark), seconds; 0: no probes.",
     ),
-    "http_port": processes.Option(
+    "http_port": Option(
         0,
         min=0,
         max=65535,
@@ -283,7 +284,7 @@ them: those that set a field of a settings group of :class:`runtime.settings.Con
 
 
 @app.command("cp")
-@processes.with_options(CONTROL_PLANE_OPTIONS)
+@with_options(CONTROL_PLANE_OPTIONS)
 def control_plane(
     *,
     cp_id: Annotated[str, typer.Option("--id", help="This replica's id, e.g. cp-1.")],
@@ -295,7 +296,7 @@ def control_plane(
             envvar="DATABASE_URL", show_default=False, help="PostgreSQL URL of the shared database."
         ),
     ] = None,
-    options: processes.Options,
+    options: Options,
 ) -> None:
     """Run one control-plane replica in the foreground until SIGTERM or Ctrl-C.
 
@@ -314,7 +315,7 @@ def control_plane(
     lease_ttl_s = options["lease_ttl_s"]
 
     def group(name: str) -> dict[str, Any]:
-        return processes.settings_fields(CONTROL_PLANE_OPTIONS, options, name)
+        return settings_fields(CONTROL_PLANE_OPTIONS, options, name)
 
     step_down_margin_s = min(0.4, lease_ttl_s / 5)
     with errors():
