@@ -14,14 +14,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from ops.bench.settings import (
-    FailoverBenchSettings,
-    FairShareSettings,
-    OverloadSettings,
-    PackSettings,
-    PreemptionBenchSettings,
-    ScaleSettings,
-)
+from ops.bench import settings as bench_settings
 from ops.cli import app
 
 RUNS = {
@@ -59,12 +52,12 @@ def settings_given(command: str, args: list[str], monkeypatch: pytest.MonkeyPatc
 @pytest.mark.parametrize(
     ("command", "default"),
     [
-        ("failover", FailoverBenchSettings(kills=10, freezes=10, stops=10, worker_kills=10)),
-        ("pack", PackSettings()),
-        ("fair-share", FairShareSettings()),
-        ("preemption", PreemptionBenchSettings()),
-        ("overload", OverloadSettings()),
-        ("scale", ScaleSettings()),
+        ("failover", bench_settings.FailoverBenchSettings(kills=10, freezes=10, stops=10, worker_kills=10)),
+        ("pack", bench_settings.PackSettings()),
+        ("fair-share", bench_settings.FairShareSettings()),
+        ("preemption", bench_settings.PreemptionBenchSettings()),
+        ("overload", bench_settings.OverloadSettings()),
+        ("scale", bench_settings.ScaleSettings()),
     ],
 )
 def test_no_option_runs_the_settings_defaults(
