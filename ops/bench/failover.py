@@ -16,6 +16,7 @@ import trio
 from rich.table import Table
 
 from ops import faults
+from ops.bench.settings import FailoverBenchSettings
 from ops.chaos import Harness
 from ops.chaosresult import ChaosSettings
 from ops.launcher.control import LocalCluster
@@ -23,21 +24,6 @@ from ops.tables import seconds_text
 from protocol import pb
 from runtime.aio import asyncio_bridge
 from runtime.client import ControlPlaneClient
-
-
-@attrs.frozen(kw_only=True)
-class FailoverBenchSettings:
-    """How many of each fault to inject (``stockade bench failover`` says how many by default)."""
-
-    kills: int
-    freezes: int
-    stops: int
-    worker_kills: int
-    workers: int = 5
-    long_jobs: int = 24
-    """Sleep jobs (500 cpu_millis, 256 MiB, 10 minutes) kept running so killed workers have jobs
-    to move; replaced by fresh ones after each worker kill, so no round times the requeue
-    backoff of a job lost again."""
 
 
 @attrs.frozen(kw_only=True)

@@ -18,6 +18,7 @@ import trio
 
 from ops import certs as certs_module
 from ops.bench import operator_client
+from ops.bench.settings import FairShareSettings
 from ops.launcher.control import LocalCluster
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
@@ -67,24 +68,6 @@ SELECT sum(a.cpu_millis * greatest(0, extract(epoch FROM least(coalesce(a.ended_
                 * extract(epoch FROM s.t1 - s.t0), 0) AS use
   FROM assignments a, span s GROUP BY s.t0, s.t1
 """
-
-
-@attrs.frozen(kw_only=True)
-class FairShareSettings:
-    """One run: ``jobs`` per account, each ``cpu_millis`` for ``duration_ms``, on ``workers``
-    workers; ``window_s`` the measurement windows; ``weights`` alice's and bob's."""
-
-    jobs: int = 5000
-    workers: int = 10
-    cpu_millis: int = 1000
-    memory_mb: int = 128
-    duration_ms: int = 2000
-    window_s: float = 60.0
-    weights: tuple[float, float] = (1.0, 3.0)
-    alone: bool = True
-    """Also run alice alone, with fair share on and off."""
-    alone_jobs: int = 2000
-    timeout_s: float = 1800.0
 
 
 @attrs.frozen(kw_only=True)

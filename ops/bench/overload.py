@@ -23,50 +23,15 @@ from rich.table import Table
 from rich.text import Text
 
 from ops import checker
+from ops.bench.settings import OverloadSettings
 from ops.checker_report import CheckReport
 from ops.cluster import LocalCluster, StateDir
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
-from runtime.errors import ClusterBusy, InvalidArgument, StockadeError
+from runtime.errors import ClusterBusy, StockadeError
 from runtime.jobs import CommandRuntime, JobRuntime, JobSpec, SleepRuntime
 from runtime.wire_jobs import job_spec_to_pb
-
-KINDS = ("command", "sleep")
-
-
-@attrs.frozen(kw_only=True)
-class OverloadSettings:
-    """One run of the overload benchmark."""
-
-    rates: tuple[float, ...] = (10.0, 25.0, 50.0, 100.0, 200.0, 400.0)
-    """Offered jobs per second, one step each, in this order; the first is run again last."""
-    step_s: float = 20.0
-    """Seconds each step lasts."""
-    kind: str = "command"
-    """``command`` (``true``) or ``sleep``."""
-    sleep_ms: int = 500
-    """Duration of a sleep job, in milliseconds."""
-    workers: int = 5
-    """Workers, each an agent process of its own."""
-    batch_interval_s: float = 0.1
-    """The generator submits one batch this often."""
-    drain_limit_s: float = 300.0
-    """After the last step, wait at most this long for the accepted jobs to finish."""
-    submit_timeout_s: float = 5.0
-    """Deadline of one submission call to one control plane, in seconds."""
-
-    def __attrs_post_init__(self) -> None:
-        if not self.rates or any(not 0 < r <= 100_000 for r in self.rates):
-            raise InvalidArgument("rates", list(self.rates), "must be 1 or more rates in (0, 100000] jobs/s")
-        if not 1 <= self.step_s <= 3600:
-            raise InvalidArgument("step_s", self.step_s, "must be between 1 and 3600 s")
-        if self.kind not in KINDS:
-            raise InvalidArgument("kind", self.kind, f"must be one of {', '.join(KINDS)}")
-        if not 1 <= self.sleep_ms <= 3_600_000:
-            raise InvalidArgument("sleep_ms", self.sleep_ms, "must be between 1 and 3600000")
-        if not 1 <= self.workers <= 100:
-            raise InvalidArgument("workers", self.workers, "must be between 1 and 100")
 
 
 @attrs.define

@@ -18,6 +18,7 @@ import attrs
 import trio
 
 from ops.bench import operator_client
+from ops.bench.settings import PreemptionBenchSettings
 from ops.launcher.control import LocalCluster
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
@@ -29,22 +30,6 @@ SELECT (SELECT count(*) FROM jobs WHERE state = 'running') AS running,
        (SELECT coalesce(sum(cpu_allocated_millis), 0) FROM worker_allocations) AS allocated,
        (SELECT coalesce(sum(cpu_millis), 0) FROM workers WHERE state = 'alive') AS capacity
 """
-
-
-@attrs.frozen(kw_only=True)
-class PreemptionBenchSettings:
-    """One run: ``tries`` jobs of priority 10, each ``cpu_millis`` (fits no free room of a full
-    cluster), one at a time, into a cluster of ``workers`` workers filled with jobs of
-    ``filler_cpu_millis`` that ignore SIGTERM; ``grace_s`` the preemption grace."""
-
-    tries: int = 10
-    workers: int = 5
-    grace_s: float = 2.0
-    cpu_millis: int = 2000
-    filler_cpu_millis: int = 1000
-    ignore_term: bool = True
-    """The filler jobs ignore SIGTERM: every preemption waits out the whole grace."""
-    timeout_s: float = 120.0
 
 
 @attrs.frozen(kw_only=True)

@@ -3,10 +3,11 @@
 For each worker count N, on a fresh cluster (3 control planes, embedded PostgreSQL with
 ``pg_stat_statements``): N workers (:mod:`ops.bench.loadgen`, or real agents with
 ``--real-agents``) hold sleep jobs while ``pending_jobs`` more wait (topped up every second);
-after a warm-up (the jobs running, and the heartbeat interval unchanged for :data:`SETTLED_S`)
-one window of ``duration_s`` is measured from outside the control plane. Early
-in it a few workers holding long jobs are killed and their jobs timed, by database time, to
-their new assignments confirmed running. The figures: :class:`ops.bench.scale_report.ScalePoint`.
+after a warm-up (the jobs running, and the heartbeat interval unchanged for
+:data:`ops.bench.settings.SETTLED_S`) one window of ``duration_s`` is measured from outside the
+control plane. Early in it a few workers holding long jobs are killed and their jobs timed, by
+database time, to their new assignments confirmed running. The figures:
+:class:`ops.bench.scale_report.ScalePoint`.
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import attr
 import attrs
 import trio
 
-from actors.heartbeat_policy import SHRINK_AFTER_S, HeartbeatPolicy, default_policy
+from actors.heartbeat_policy import HeartbeatPolicy, default_policy
 from ops.bench import heartbeat_flags
 from ops.bench.measure_heartbeat import table_update_counts
 from ops.bench.metrics import MetricsDelta, cpu_seconds, cpu_used, per_1000, read_metrics
 from ops.bench.pack.figures import histogram_quantile
 from ops.bench.scale_report import REAL_AGENTS_LIMIT, ScalePoint, ScaleReport
+from ops.bench.settings import ScaleSettings
 from ops.cluster import LocalCluster, StateDir
 from ops.launcher.pg import EmbeddedPostgres
 from ops.launcher.ports import free_port
@@ -54,9 +55,6 @@ LONG_JOB_MS = 3_600_000
 LONG_PRIORITY = 10
 """Long jobs go before the queue, so a killed worker's jobs are placed again first."""
 WARM_UP_TIMEOUT_S = 120.0
-SETTLED_S = SHRINK_AFTER_S + 5.0
-"""The warm-up ends once the interval has not changed for this long (s), or after
-:data:`WARM_UP_TIMEOUT_S`: a new interval is taken within the stabilization window and a pass."""
 RECOVERY_TIMEOUT_S = 60.0
 """How long after the window the killed workers' jobs are waited for."""
 
@@ -76,34 +74,6 @@ def _untold_policy(fixed_s: float | None) -> HeartbeatPolicy:
 
 class BenchFailed(StockadeError):
     """The bench could not run a step (the message says what failed)."""
-
-
-@attrs.frozen(kw_only=True)
-class ScaleSettings:
-    """How ``stockade bench scale`` runs."""
-
-    workers: tuple[int, ...]
-    duration_s: float = 60.0
-    """Length of each step's measured window, seconds."""
-    real_agents: bool = False
-    pending_jobs: int = 10_000
-    """Jobs kept pending (topped up every second) so each placer round reads a long queue."""
-    heartbeat_interval_s: float | None = None
-    """None: the cluster chooses the heartbeat interval and dead_after as it would anywhere; a
-    number: every worker heartbeats this often (:func:`ops.bench.heartbeat_flags`)."""
-    kills: int = 3
-    """Workers killed in each step (each holding long jobs)."""
-    job_s: tuple[float, float] = (10.0, 30.0)
-    """Sleep of the queue's jobs, drawn uniformly from this range, seconds."""
-    fleet_size: int = 25
-    """Most workers per fleet with real agents (a step has at least four fleets)."""
-    insecure: bool = False
-    seed: int = 1
-    settle_s: float = SETTLED_S
-    """The warm-up waits until the heartbeat interval has not changed for this long (s)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return attr.asdict(self, retain_collection_types=False)
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -1,79 +1,136 @@
-"""``stockade bench``: failover times, packing, overload; each prints measured numbers."""
+"""``stockade bench``: failover times, packing, overload; each prints measured numbers. Each
+command's options are declared once, in a table of :class:`ops.cli.options.Option` whose
+defaults are its settings class's (:mod:`ops.bench.settings`); the options several commands
+take are declared once here."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
+import attrs
 import typer
 
+from ops.bench.settings import (
+    FailoverBenchSettings,
+    FairShareSettings,
+    OverloadSettings,
+    PackSettings,
+    PreemptionBenchSettings,
+    ScaleSettings,
+)
 from ops.cli.base import bench_app
 from ops.cli.common import EXIT_INVALID, EXIT_UNAVAILABLE, console, err_console, errors, fail, interruptible
-from ops.cli.options import quiet_option
+from ops.cli.options import Option, Options, quiet_option, settings_fields, settings_rows, with_options
 from ops.config import ClusterError, default_state_dir
-from runtime.settings.leader import PLACEMENT_POLICIES
-
-JsonPathOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--json",
-        help="Where the results go as JSON, with a PNG next to it"
-        " (default: bench-<name>.json in the current folder).",
-    ),
-]
-JsonOnlyPathOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--json",
-        help="Where the results go as JSON (default: bench-<name>.json in the current folder).",
-    ),
-]
 
 SettingsT = TypeVar("SettingsT")
 ReportT = TypeVar("ReportT")
 
 
-def _state_dir_option(what: str, name: str) -> Any:
+SETTINGS = "settings"
+"""The settings group (:class:`ops.cli.options.Option`) of the options that set fields of a
+command's settings class; each command has one."""
+
+
+def _rows(settings: type) -> Callable[..., dict[str, Option]]:
+    """The row constructor (:func:`ops.cli.options.settings_rows`) of the options that set
+    fields of the attrs class ``settings``, their defaults its fields' defaults."""
+    fields = attrs.fields_dict(settings)
+    return settings_rows(SETTINGS, lambda name: fields[name].default)
+
+
+def _listed(settings: type, field: str, **declared: Any) -> Option:
+    """An option that lists the values of ``settings``'s tuple field ``field``, comma-separated
+    (its default the field's), parsed by the command."""
+    values = attrs.fields_dict(settings)[field].default or ()
+    return Option(",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values), **declared)
+
+
+def _state_dir(what: str, name: str) -> dict[str, Option]:
     """``--state-dir``: where the ``what`` of ``stockade bench <name>`` lives."""
-    return typer.Option(
+    info = typer.Option(
         help=f"State folder of the {what} (default: bench-{name} in the state folder, "
         "./.stockade or $STOCKADE_STATE_DIR)."
     )
+    return {"state_dir": Option(None, info, kind=Path | None)}
 
 
-InsecureBenchOption = Annotated[
-    bool,
-    typer.Option("--insecure", help="Run the cluster without TLS (to compare with the default, mutual TLS)."),
-]
+def _json(also: str) -> dict[str, Option]:
+    """``--json``: where the results go as JSON, with ``also`` next to them."""
+    info = typer.Option(
+        "--json",
+        help=f"Where the results go as JSON{also} (default: bench-<name>.json in the current folder).",
+    )
+    return {"json_path": Option(None, info, kind=Path | None)}
+
+
+JSON_AND_PNG = _json(", with a PNG next to it")
+JSON_ONLY = _json("")
+
+
+def _insecure(group: str) -> dict[str, Option]:
+    """``--insecure``, in settings group ``group`` (the field ``insecure``), or in none ("")."""
+    help = "Run the cluster without TLS (to compare with the default, mutual TLS)."
+    return {"insecure": Option(False, typer.Option("--insecure", help=help), group=group)}
+
+
+def _under_trio(
+    run: Callable[[SettingsT, Path, Callable[[str], None]], Awaitable[ReportT]],
+) -> Callable[[SettingsT, Path, Callable[[str], None]], ReportT]:
+    """``run``, a benchmark's coroutine function, as a function that runs it under trio."""
+
+    def under_trio(settings: SettingsT, root: Path, progress: Callable[[str], None]) -> ReportT:
+        import trio
+
+        return trio.run(run, settings, root, progress)
+
+    return under_trio
+
+
+def _settings(
+    make: Callable[..., SettingsT], declared: dict[str, Option], options: Options, **parsed: Any
+) -> SettingsT:
+    """``make`` (a command's settings class) given the fields that ``options`` set (the options
+    of ``declared`` in :data:`SETTINGS`) and ``parsed``, the fields the command parsed itself
+    (which win)."""
+    return make(**{**settings_fields(declared, options, SETTINGS), **parsed})
+
+
+_faults = settings_rows(SETTINGS, lambda field: 10)
+"""The rows of :class:`ops.bench.settings.FailoverBenchSettings`'s counts of faults, which it
+leaves to the command: 10 of each by default."""
+
+FAILOVER_OPTIONS: dict[str, Option] = {
+    **_faults("kills", min=0, help="Leader SIGKILLs to time."),
+    **_faults("freezes", min=0, help="Leader freezes (SIGSTOP past the lease) to time."),
+    **_faults("stops", min=0, help="Clean leader stops (SIGTERM) to time."),
+    **_faults("worker_kills", min=0, help="Worker SIGKILLs to time until their jobs run elsewhere."),
+    "json_path": Option(
+        None, typer.Option("--json", help="Also write the figures as JSON."), kind=Path | None
+    ),
+    **_state_dir("bench cluster", "failover"),
+    **_insecure(""),
+}
 
 
 @bench_app.command("failover")
-def bench_failover(
-    kills: Annotated[int, typer.Option(min=0, help="Leader SIGKILLs to time.")] = 10,
-    freezes: Annotated[
-        int, typer.Option(min=0, help="Leader freezes (SIGSTOP past the lease) to time.")
-    ] = 10,
-    stops: Annotated[int, typer.Option(min=0, help="Clean leader stops (SIGTERM) to time.")] = 10,
-    worker_kills: Annotated[
-        int, typer.Option(min=0, help="Worker SIGKILLs to time until their jobs run elsewhere.")
-    ] = 10,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON.")] = None,
-    state_dir: Annotated[Path | None, _state_dir_option("bench cluster", "failover")] = None,
-    insecure: InsecureBenchOption = False,
-) -> None:
+@with_options(FAILOVER_OPTIONS)
+def bench_failover(options: Options) -> None:
     """Time to a new leader after kills, freezes and clean stops, and time until a killed
     worker's jobs run elsewhere, on a fresh local cluster with the default settings."""
     import trio
 
-    from ops.bench.failover import FailoverBenchSettings, failover_table, run_failover_bench
+    from ops.bench.failover import failover_table, run_failover_bench
     from ops.cluster import LocalCluster, StateDir
 
-    cluster = LocalCluster(StateDir(state_dir or (default_state_dir() / "bench-failover")), insecure=insecure)
-    settings = FailoverBenchSettings(kills=kills, freezes=freezes, stops=stops, worker_kills=worker_kills)
+    root = options["state_dir"] or (default_state_dir() / "bench-failover")
+    cluster = LocalCluster(StateDir(root), insecure=options["insecure"])
+    settings = _settings(FailoverBenchSettings, FAILOVER_OPTIONS, options)
     try:
         with interruptible(), errors():
             figures = trio.run(run_failover_bench, settings, cluster, lambda line: err_console().print(line))
@@ -81,88 +138,87 @@ def bench_failover(
         with contextlib.suppress(ClusterError):
             cluster.down()
     console().print(failover_table(figures))
-    if json_path is not None:
-        json_path.write_text(json.dumps(figures.to_json(), indent=2) + "\n")
+    if options["json_path"] is not None:
+        options["json_path"].write_text(json.dumps(figures.to_json(), indent=2) + "\n")
 
 
-@bench_app.command("pack")
-def bench_pack(
-    jobs: Annotated[int, typer.Option(min=1, max=1_000_000, help="Jobs in the stream.")] = 10_000,
-    workers: Annotated[int, typer.Option(min=1, max=1_000, help="Workers (hosted in fleets).")] = 100,
-    seed: Annotated[int, typer.Option(help="Seed of the job stream.")] = 1,
-    policy: Annotated[
-        str, typer.Option(help="Policies to compare, comma-separated (best_fit first is the baseline).")
-    ] = ",".join(PLACEMENT_POLICIES),
-    fleet_size: Annotated[int, typer.Option(min=0, max=1_000, help="Workers hosted per process.")] = 25,
-    burst: Annotated[bool, typer.Option(help="Run the burst scenario.")] = True,
-    burst_jobs: Annotated[int, typer.Option(min=1, max=1_000_000, help="Jobs in the burst.")] = 10_000,
-    scale: Annotated[bool, typer.Option(help="Run the scale curve.")] = True,
-    only_scale: Annotated[
-        bool, typer.Option(help="Run the scale curve alone (no stream, no burst).")
-    ] = False,
-    scale_accounts: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            max=1_000,
-            help="Accounts the scale curve's pending jobs belong to, round-robin, weighted 1, 2, 3 in turn "
-            "(fair share orders them).",
-        ),
-    ] = 1,
-    device_share: Annotated[
-        float,
-        typer.Option(
-            min=0.0,
-            max=1.0,
-            help="The share of the scale curve's pending jobs that ask 1 to 4 gpu of the simulated "
-            "workers, which then each offer 8 (e.g. 0.25; docs/devices.md); 0: no devices.",
-        ),
-    ] = 0.0,
-    gang_share: Annotated[
-        float,
-        typer.Option(
-            min=0.0,
-            max=1.0,
-            help="The share of the scale curve's pending jobs that are tasks of gangs of 2 to 8, a third "
-            "of them spread (e.g. 0.1; docs/gangs.md), at most 1 - --device-share; 0: no gangs.",
-        ),
-    ] = 0.0,
-    scale_pending: Annotated[
-        str, typer.Option(help="The scale curve's pending-job counts, comma-separated.")
-    ] = "1000,10000,100000",
-    scale_workers: Annotated[
-        str, typer.Option(help="The scale curve's worker counts, comma-separated.")
-    ] = "100,1000",
-    arrival_rate: Annotated[
-        float,
-        typer.Option(
-            min=0,
-            max=100_000,
-            help="Jobs per second of the arriving scenario (Poisson arrivals of the same stream, "
-            "after the all-at-once one), 0 or at least 1; 0 skips it.",
-        ),
-    ] = 105.0,
-    json_path: JsonPathOption = None,
-    state_dir: Annotated[Path | None, _state_dir_option("bench clusters", "pack")] = None,
-    insecure: InsecureBenchOption = False,
-    heartbeat_interval_s: Annotated[
-        float,
-        typer.Option(
-            min=0.1,
-            max=10.0,
-            help="Workers' heartbeat interval, seconds; their deadline is 1.5x, their self-fence 3.5x and "
-            "the control planes' dead-after 5x.",
-        ),
-    ] = 1.0,
-    docker: Annotated[
-        bool,
-        typer.Option(
+_pack = _rows(PackSettings)
+
+PACK_OPTIONS: dict[str, Option] = {
+    **_pack("jobs", min=1, max=1_000_000, help="Jobs in the stream."),
+    **_pack("workers", min=1, max=1_000, help="Workers (hosted in fleets)."),
+    **_pack("seed", help="Seed of the job stream."),
+    "policy": _listed(
+        PackSettings,
+        "policies",
+        help="Policies to compare, comma-separated (best_fit first is the baseline).",
+    ),
+    **_pack("fleet_size", min=0, max=1_000, help="Workers hosted per process."),
+    **_pack("burst", help="Run the burst scenario."),
+    **_pack("burst_jobs", min=1, max=1_000_000, help="Jobs in the burst."),
+    **_pack("scale", help="Run the scale curve."),
+    **_pack("only_scale", help="Run the scale curve alone (no stream, no burst)."),
+    **_pack(
+        "scale_accounts",
+        min=1,
+        max=1_000,
+        help="Accounts the scale curve's pending jobs belong to, round-robin, weighted 1, 2, 3 in turn "
+        "(fair share orders them).",
+    ),
+    **_pack(
+        "scale_device_share",
+        option="device_share",
+        min=0.0,
+        max=1.0,
+        help="The share of the scale curve's pending jobs that ask 1 to 4 gpu of the simulated "
+        "workers, which then each offer 8 (e.g. 0.25; docs/devices.md); 0: no devices.",
+    ),
+    **_pack(
+        "scale_gang_share",
+        option="gang_share",
+        min=0.0,
+        max=1.0,
+        help="The share of the scale curve's pending jobs that are tasks of gangs of 2 to 8, a third "
+        "of them spread (e.g. 0.1; docs/gangs.md), at most 1 - --device-share; 0: no gangs.",
+    ),
+    "scale_pending": _listed(
+        PackSettings, "scale_pending", help="The scale curve's pending-job counts, comma-separated."
+    ),
+    "scale_workers": _listed(
+        PackSettings, "scale_workers", help="The scale curve's worker counts, comma-separated."
+    ),
+    **_pack(
+        "arrival_rate_per_s",
+        option="arrival_rate",
+        min=0,
+        max=100_000,
+        help="Jobs per second of the arriving scenario (Poisson arrivals of the same stream, "
+        "after the all-at-once one), 0 or at least 1; 0 skips it.",
+    ),
+    **JSON_AND_PNG,
+    **_state_dir("bench clusters", "pack"),
+    **_insecure(SETTINGS),
+    **_pack(
+        "heartbeat_interval_s",
+        min=0.1,
+        max=10.0,
+        help="Workers' heartbeat interval, seconds; their deadline is 1.5x, their self-fence 3.5x and "
+        "the control planes' dead-after 5x.",
+    ),
+    **_pack(
+        "docker",
+        info=typer.Option(
             "--docker",
             help="Run the stream under the first policy twice, side by side: workers in fleets, and each "
             "worker in a container of its own (needs the image: `stockade image build`); nothing else.",
         ),
-    ] = False,
-) -> None:
+    ),
+}
+
+
+@bench_app.command("pack")
+@with_options(PACK_OPTIONS)
+def bench_pack(options: Options) -> None:
     """Pack a seeded stream of sleep jobs onto a fresh cluster under each policy, side by side,
     all submitted at once and then arriving over time; then a burst into an empty cluster, and
     the round time as the queue and the cluster grow."""
@@ -170,6 +226,7 @@ def bench_pack(
     from ops.bench import pack
     from runtime import log as runtime_log
 
+    policy, arrival_rate = options["policy"], options["arrival_rate"]
     policies = tuple(p.strip() for p in policy.split(",") if p.strip())
     if not policies or any(p not in pack.POLICIES for p in policies):
         fail(f"--policy must list some of {', '.join(pack.POLICIES)}, got {policy!r}", EXIT_INVALID)
@@ -180,224 +237,201 @@ def bench_pack(
             f"got {arrival_rate}",
             EXIT_INVALID,
         )
-    counts: dict[str, tuple[int, ...]] = {}
-    for name, text, top in (
-        ("--scale-pending", scale_pending, 1_000_000),
-        ("--scale-workers", scale_workers, 10_000),
-    ):
-        try:
-            counts[name] = tuple(int(v) for v in text.split(",") if v.strip())
-        except ValueError:
-            counts[name] = ()
-        if not counts[name] or any(not 1 <= v <= top for v in counts[name]):
-            fail(
-                f"{name} must list whole numbers from 1 to {top}, comma-separated, got {text!r}", EXIT_INVALID
-            )
-    out = _json_out(json_path, "pack")
+    scale_pending = _whole_numbers("--scale-pending", options["scale_pending"], 1_000_000)
+    scale_workers = _whole_numbers("--scale-workers", options["scale_workers"], 10_000)
+    out = _json_out(options["json_path"], "pack")
     runtime_log.configure(level="WARNING")  # the scale curve runs a placer in this process
-    settings = pack.PackSettings(
-        jobs=jobs,
-        workers=workers,
-        seed=seed,
+    settings = _settings(
+        PackSettings,
+        PACK_OPTIONS,
+        options,
         policies=policies,
-        fleet_size=fleet_size,
-        burst=burst,
-        burst_jobs=burst_jobs,
-        scale=scale or only_scale,
-        only_scale=only_scale,
-        scale_accounts=scale_accounts,
-        scale_device_share=device_share,
-        scale_gang_share=gang_share,
-        scale_pending=counts["--scale-pending"],
-        scale_workers=counts["--scale-workers"],
-        arrival_rate_per_s=arrival_rate,
-        insecure=insecure,
-        docker=docker,
-        heartbeat_interval_s=heartbeat_interval_s,
+        scale=options["scale"] or options["only_scale"],
+        scale_pending=scale_pending,
+        scale_workers=scale_workers,
     )
-    _show_and_save(pack, _run_bench("pack", pack.run_pack, settings, state_dir), out)
+    _show_and_save(pack, _run_bench("pack", pack.run_pack, settings, options["state_dir"]), out)
+
+
+_fair_share = _rows(FairShareSettings)
+
+FAIR_SHARE_OPTIONS: dict[str, Option] = {
+    **_fair_share("jobs", min=1, max=100_000, help="Jobs each account submits."),
+    **_fair_share("workers", min=1, max=200, help="Workers (one fleet)."),
+    **_fair_share("duration_ms", min=1, max=600_000, help="Each job's sleep, ms."),
+    **_fair_share("window_s", min=1, max=3600, help="Measurement window, seconds."),
+    **_fair_share("alone", help="Also run one account alone, fair share on and off."),
+    **_fair_share("alone_jobs", min=1, max=100_000, help="Jobs of the lone account."),
+    **JSON_ONLY,
+    **_state_dir("bench clusters", "fair-share"),
+}
 
 
 @bench_app.command("fair-share")
-def bench_fair_share(
-    jobs: Annotated[int, typer.Option(min=1, max=100_000, help="Jobs each account submits.")] = 5000,
-    workers: Annotated[int, typer.Option(min=1, max=200, help="Workers (one fleet).")] = 10,
-    duration_ms: Annotated[int, typer.Option(min=1, max=600_000, help="Each job's sleep, ms.")] = 2000,
-    window_s: Annotated[float, typer.Option(min=1, max=3600, help="Measurement window, seconds.")] = 60.0,
-    alone: Annotated[bool, typer.Option(help="Also run one account alone, fair share on and off.")] = True,
-    alone_jobs: Annotated[int, typer.Option(min=1, max=100_000, help="Jobs of the lone account.")] = 2000,
-    json_path: JsonOnlyPathOption = None,
-    state_dir: Annotated[Path | None, _state_dir_option("bench clusters", "fair-share")] = None,
-) -> None:
+@with_options(FAIR_SHARE_OPTIONS)
+def bench_fair_share(options: Options) -> None:
     """Two accounts, weights 1 and 3, submit their jobs at once into a cluster they saturate:
     print bob's allocation over alice's in every window (fair share aims at 3), and the CPU use
     one account alone reaches with fair share on and off."""
     from ops.bench import fair_share
 
-    settings = fair_share.FairShareSettings(
-        jobs=jobs,
-        workers=workers,
-        duration_ms=duration_ms,
-        window_s=window_s,
-        alone=alone,
-        alone_jobs=alone_jobs,
-    )
-    out = _json_out(json_path, "fair-share")
-    report = _run_bench("fair-share", fair_share.run_fair_share, settings, state_dir)
-    _show_text_and_json(fair_share.render(report), report, out)
+    settings = _settings(FairShareSettings, FAIR_SHARE_OPTIONS, options)
+    _run_and_show("fair-share", fair_share, fair_share.run_fair_share, settings, options)
+
+
+_preemption = _rows(PreemptionBenchSettings)
+
+PREEMPTION_OPTIONS: dict[str, Option] = {
+    **_preemption("tries", min=1, max=1000, help="Jobs of priority 10, one at a time."),
+    **_preemption("workers", min=1, max=200, help="Workers (one fleet)."),
+    **_preemption("grace_s", min=0.1, max=600, help="The preemption grace, seconds."),
+    **_preemption(
+        "ignore_term", help="The running jobs ignore SIGTERM: each preemption waits out the grace."
+    ),
+    **JSON_ONLY,
+    **_state_dir("bench clusters", "preemption"),
+}
 
 
 @bench_app.command("preemption")
-def bench_preemption(
-    tries: Annotated[int, typer.Option(min=1, max=1000, help="Jobs of priority 10, one at a time.")] = 10,
-    workers: Annotated[int, typer.Option(min=1, max=200, help="Workers (one fleet).")] = 5,
-    grace_s: Annotated[float, typer.Option(min=0.1, max=600, help="The preemption grace, seconds.")] = 2.0,
-    ignore_term: Annotated[
-        bool, typer.Option(help="The running jobs ignore SIGTERM: each preemption waits out the grace.")
-    ] = True,
-    json_path: JsonOnlyPathOption = None,
-    state_dir: Annotated[Path | None, _state_dir_option("bench clusters", "preemption")] = None,
-) -> None:
+@with_options(PREEMPTION_OPTIONS)
+def bench_preemption(options: Options) -> None:
     """Fill a cluster (preemption on) with low-priority jobs, then submit jobs of priority 10
     that fit no free room, one at a time: print how long each waited from its submission to its
     start on its worker (the target: p50 within the grace plus 1 s)."""
     from ops.bench import preemption
 
-    settings = preemption.PreemptionBenchSettings(
-        tries=tries, workers=workers, grace_s=grace_s, ignore_term=ignore_term
-    )
-    out = _json_out(json_path, "preemption")
-    report = _run_bench("preemption", preemption.run_preemption_bench, settings, state_dir)
-    _show_text_and_json(preemption.render(report), report, out)
+    settings = _settings(PreemptionBenchSettings, PREEMPTION_OPTIONS, options)
+    _run_and_show("preemption", preemption, preemption.run_preemption_bench, settings, options)
+
+
+_overload = _rows(OverloadSettings)
+
+OVERLOAD_OPTIONS: dict[str, Option] = {
+    "rates": _listed(
+        OverloadSettings, "rates", help="Offered jobs per second, one step each, comma-separated, rising."
+    ),
+    **_overload("step_s", help="Seconds each step lasts."),
+    **_overload("kind", help="Jobs: command (runs `true`) or sleep."),
+    **_overload("sleep_ms", help="Duration of a sleep job, milliseconds."),
+    **_overload("workers", help="Workers, one agent process each."),
+    **JSON_AND_PNG,
+    **_state_dir("cluster", "overload"),
+}
 
 
 @bench_app.command("overload")
-def bench_overload(
-    rates: Annotated[
-        str, typer.Option(help="Offered jobs per second, one step each, comma-separated, rising.")
-    ] = "10,25,50,100,200,400",
-    step_s: Annotated[float, typer.Option(help="Seconds each step lasts.")] = 20.0,
-    kind: Annotated[str, typer.Option(help="Jobs: command (runs `true`) or sleep.")] = "command",
-    sleep_ms: Annotated[int, typer.Option(help="Duration of a sleep job, milliseconds.")] = 500,
-    workers: Annotated[int, typer.Option(help="Workers, one agent process each.")] = 5,
-    json_path: JsonPathOption = None,
-    state_dir: Annotated[Path | None, _state_dir_option("cluster", "overload")] = None,
-) -> None:
+@with_options(OVERLOAD_OPTIONS)
+def bench_overload(options: Options) -> None:
     """Raise the offered load step by step past what this machine can do, then drop it back:
     goodput per step (jobs finished per second), what was shed, and the disturbances, with a PNG
     of goodput against offered load. Exits 1 when a job was placed or run twice or a success
     was lost."""
-    import trio
-
     from ops.bench import overload
 
+    rates = options["rates"]
     try:
         offered = tuple(float(r) for r in rates.split(","))
     except ValueError:
         fail(f"--rates must be numbers (jobs/s) separated by commas, got {rates!r}", EXIT_INVALID)
-    out = _json_out(json_path, "overload")
-    with interruptible(), errors():
-        settings = overload.OverloadSettings(
-            rates=offered, step_s=step_s, kind=kind, sleep_ms=sleep_ms, workers=workers
-        )
-        root = state_dir or (default_state_dir() / "bench-overload")
-        result = trio.run(overload.run_overload, settings, root, err_console().print)
-    _show_and_save(overload, result, out)
+    out = _json_out(options["json_path"], "overload")
+    with errors():  # the settings refuse what is out of range
+        settings = _settings(OverloadSettings, OVERLOAD_OPTIONS, options, rates=offered)
+    run = _under_trio(overload.run_overload)
+    _show_and_save(overload, _run_bench("overload", run, settings, options["state_dir"]), out)
+
+
+UNSCHEDULABLE_OPTIONS: dict[str, Option] = {
+    "unschedulable": Option(100_000, min=0, max=1_000_000, help="Pending jobs larger than every worker."),
+    "schedulable": Option(10_000, min=0, max=1_000_000, help="Small pending jobs."),
+    "workers": Option(100, min=1, max=10_000, help="Simulated workers."),
+    "rounds": Option(200, min=1, max=100_000, help="Rounds timed."),
+    "max_settle_rounds": Option(
+        1_000, min=0, max=100_000, help="Most rounds run to store the reasons before the timed ones."
+    ),
+}
+"""The arguments of :func:`ops.bench.pack.unschedulable.run_unschedulable`, with its defaults."""
 
 
 @bench_app.command("unschedulable")
-def bench_unschedulable(
-    unschedulable: Annotated[
-        int, typer.Option(min=0, max=1_000_000, help="Pending jobs larger than every worker.")
-    ] = 100_000,
-    schedulable: Annotated[int, typer.Option(min=0, max=1_000_000, help="Small pending jobs.")] = 10_000,
-    workers: Annotated[int, typer.Option(min=1, max=10_000, help="Simulated workers.")] = 100,
-    rounds: Annotated[int, typer.Option(min=1, max=100_000, help="Rounds timed.")] = 200,
-    max_settle_rounds: Annotated[
-        int,
-        typer.Option(min=0, max=100_000, help="Most rounds run to store the reasons before the timed ones."),
-    ] = 1_000,
-    state_dir: Annotated[Path | None, _state_dir_option("bench database", "unschedulable")] = None,
-) -> None:
+@with_options({**UNSCHEDULABLE_OPTIONS, **_state_dir("bench database", "unschedulable")})
+def bench_unschedulable(options: Options) -> None:
     """Time the real placer round (read, decision, fenced commit) against a queue of jobs no
     worker can hold beside small ones: round p50 / p99 / max in milliseconds."""
     from ops.bench.pack.unschedulable import bench_unschedulable as run
     from runtime import log as runtime_log
 
     runtime_log.configure(level="WARNING")  # the placer runs in this process
+    root = options["state_dir"] or (default_state_dir() / "bench-unschedulable")
     with interruptible(), errors():
-        result = run(
-            state_dir or (default_state_dir() / "bench-unschedulable"),
-            unschedulable=unschedulable,
-            schedulable=schedulable,
-            workers=workers,
-            rounds=rounds,
-            max_settle_rounds=max_settle_rounds,
-        )
+        result = run(root, **{name: options[name] for name in UNSCHEDULABLE_OPTIONS})
     console().print(result.render())
 
 
-@bench_app.command("scale")
-def bench_scale(
-    workers: Annotated[
-        str, typer.Option(help="Worker counts, one step each, comma-separated (each 1..20000).")
-    ] = "100,500,1000,2000",
-    duration_s: Annotated[
-        float, typer.Option(min=5.0, max=3600.0, help="Seconds each step's measured window lasts.")
-    ] = 60.0,
-    real_agents: Annotated[
-        bool,
-        typer.Option(
+_scale = _rows(ScaleSettings)
+
+SCALE_OPTIONS: dict[str, Option] = {
+    "workers": _listed(
+        ScaleSettings, "workers", help="Worker counts, one step each, comma-separated (each 1..20000)."
+    ),
+    **_scale("duration_s", min=5.0, max=3600.0, help="Seconds each step's measured window lasts."),
+    **_scale(
+        "real_agents",
+        info=typer.Option(
             "--real-agents",
             help="Run steps of at most 200 workers as real agents in fleets; larger steps (and all "
             "without this flag) use the load generator (ops/bench/loadgen/).",
         ),
-    ] = False,
-    pending_jobs: Annotated[
-        int, typer.Option(min=0, max=1_000_000, help="Jobs kept pending through each step.")
-    ] = 10_000,
-    heartbeat_interval_s: Annotated[
-        float | None,
-        quiet_option(
+    ),
+    **_scale("pending_jobs", min=0, max=1_000_000, help="Jobs kept pending through each step."),
+    **_scale(
+        "heartbeat_interval_s",
+        info=quiet_option(
             min=0.3,
             max=10.0,
             help="A fixed heartbeat interval, seconds (deadline 1.5x, self-fence 3.5x, dead-after 5x; "
             "below 0.3 s the dead-after leaves the agents no self-fence longer than the interval); "
             "default: the cluster chooses it as it grows, as anywhere.",
         ),
-    ] = None,
-    kills: Annotated[int, typer.Option(min=0, max=100, help="Workers killed per step.")] = 3,
-    json_path: JsonPathOption = None,
-    state_dir: Annotated[Path | None, _state_dir_option("bench clusters", "scale")] = None,
-    insecure: InsecureBenchOption = False,
-) -> None:
+        kind=float | None,
+    ),
+    **_scale("kills", min=0, max=100, help="Workers killed per step."),
+    **JSON_AND_PNG,
+    **_state_dir("bench clusters", "scale"),
+    **_insecure(SETTINGS),
+}
+
+
+@bench_app.command("scale")
+@with_options(SCALE_OPTIONS)
+def bench_scale(options: Options) -> None:
     """Heartbeats recorded per second, their acknowledgement latency, control-plane and database
     CPU per 1,000 heartbeats, false deaths, elections, placer round times with a long queue and
     the time until a killed worker's jobs run elsewhere, for each worker count, on a fresh
     cluster each; with a PNG of how each grows per doubling. Exits 1 on a false death."""
-    import trio
-
     from ops.bench import scale, scale_report
     from runtime.errors import InvalidArgument
 
     try:
-        counts = scale_report.parse_workers(workers)
+        counts = scale_report.parse_workers(options["workers"])
     except InvalidArgument as exc:
         fail(str(exc), EXIT_INVALID)
-    out = _json_out(json_path, "scale")
-    settings = scale.ScaleSettings(
-        workers=counts,
-        duration_s=duration_s,
-        real_agents=real_agents,
-        pending_jobs=pending_jobs,
-        heartbeat_interval_s=heartbeat_interval_s,
-        kills=kills,
-        insecure=insecure,
-    )
-    root = state_dir or (default_state_dir() / "bench-scale")
-    with interruptible(), errors():
-        report = trio.run(scale.run_scale, settings, root, err_console().print)
-    _show_and_save(scale_report, report, out)
+    out = _json_out(options["json_path"], "scale")
+    settings = _settings(ScaleSettings, SCALE_OPTIONS, options, workers=counts)
+    run = _under_trio(scale.run_scale)
+    _show_and_save(scale_report, _run_bench("scale", run, settings, options["state_dir"]), out)
+
+
+def _whole_numbers(option: str, text: str, top: int) -> tuple[int, ...]:
+    """The whole numbers ``text`` lists, comma-separated (empty items skipped); exits 2 naming
+    ``option`` when it lists none or one outside 1..``top``."""
+    try:
+        counts = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        counts = ()
+    if not counts or any(not 1 <= v <= top for v in counts):
+        fail(f"{option} must list whole numbers from 1 to {top}, comma-separated, got {text!r}", EXIT_INVALID)
+    return counts
 
 
 def _run_bench(
@@ -423,10 +457,19 @@ def _json_out(json_path: Path | None, name: str) -> Path:
     return out
 
 
-def _show_text_and_json(text: str, result: Any, out: Path) -> None:
-    """Print ``text`` (a report rendered), save ``result.to_json()`` to ``out``; exits 1 when
-    ``result`` is not ok."""
-    console().print(text)
+def _run_and_show(
+    name: str,
+    results: ModuleType,
+    run: Callable[[SettingsT, Path, Callable[[str], None]], Any],
+    settings: SettingsT,
+    options: Options,
+) -> None:
+    """Run ``stockade bench <name>`` (:func:`_run_bench`; ``--state-dir``), print its result as
+    ``results.render`` does and save ``result.to_json()`` where ``--json`` says (:func:`_json_out`);
+    exits 1 when the result is not ok."""
+    out = _json_out(options["json_path"], name)
+    result = _run_bench(name, run, settings, options["state_dir"])
+    console().print(results.render(result))
     out.write_text(json.dumps(result.to_json(), indent=2) + "\n")
     console().print(f"wrote {out}")
     if not result.ok:

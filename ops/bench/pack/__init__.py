@@ -25,7 +25,7 @@ from ops.bench.pack.report import (
     save,
 )
 from ops.bench.pack.scenarios import run_pack, run_policy, run_scale_point
-from ops.bench.pack.stream import POLICIES, PackSettings
+from ops.bench.settings import POLICIES, PackSettings
 
 __all__ = [
     "POLICIES",

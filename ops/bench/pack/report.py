@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ops.bench.pack.figures import PHASES, PlacerFigures, ProbeFigures, WaitFigures
-from ops.bench.pack.stream import PackSettings
+from ops.bench.settings import PackSettings
 from ops.checker_report import CheckReport
 
 DISTURBANCES = ("lease_losses", "worker_deaths", "self_fences", "extra_assignments", "lost_successes")

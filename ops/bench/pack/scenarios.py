@@ -30,12 +30,12 @@ from ops.bench.pack.report import BurstResult, PackReport, PolicyResult, ScalePo
 from ops.bench.pack.rounds import BenchPlacer, percentiles_ms
 from ops.bench.pack.stream import (
     WORKER_SHAPES,
-    PackSettings,
     arrival_times,
     job_stream,
     lower_bound_s,
     submit_arriving,
 )
+from ops.bench.settings import PackSettings
 from ops.cluster import ClusterDriver, DockerCluster, LocalCluster, StateDir, metrics_address
 from ops.launcher.pg import EmbeddedPostgres
 from ops.launcher.ports import free_port

@@ -1,5 +1,5 @@
 """The job stream of ``stockade bench pack``: seeded job draws, their arrivals over time, the
-makespan's lower bound, and the run's settings.
+makespan's lower bound.
 
 The job stream (:func:`job_stream`): seeded; 55 % small jobs (250-1000 cpu_millis with 1, 2 or 3
 GiB per core), 20 % CPU-heavy (2000-4000 cpu_millis, 1024-2048 MiB), 20 % memory-heavy
@@ -21,11 +21,7 @@ from typing import TypeVar
 import attrs
 import trio
 
-from runtime.settings.leader import PLACEMENT_POLICIES
-
 WORKER_SHAPES = ((16000, 32768), (8000, 16384))
-POLICIES = PLACEMENT_POLICIES
-"""The policies a pack benchmark compares by default (every one :mod:`actors.placement` knows)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -131,57 +127,3 @@ async def submit_arriving(
             sent = due
         if sent < len(items):
             next_at = max(now + batch_interval_s, started + arrivals_s[sent])
-
-
-@attrs.frozen(kw_only=True)
-class PackSettings:
-    """One benchmark run."""
-
-    jobs: int = 10_000
-    workers: int = 100
-    seed: int = 1
-    policies: tuple[str, ...] = POLICIES
-    fleet_size: int = 25
-    sample_interval_s: float = 0.5
-    finish_timeout_s: float = 900.0
-    burst: bool = True
-    """Run the burst scenario."""
-    burst_jobs: int = 10_000
-    scale: bool = True
-    """Run the scale curve."""
-    scale_pending: tuple[int, ...] = (1_000, 10_000, 100_000)
-    scale_workers: tuple[int, ...] = (100, 1_000)
-    scale_rounds: int = 40
-    scale_accounts: int = 1
-    """Accounts the scale curve's pending jobs belong to, round-robin (fair share orders
-    them); 1: every job is one account's."""
-    scale_device_share: float = 0.0
-    """The share of the scale curve's pending jobs (0 to 1) that ask 1 to 4 gpu of the simulated
-    workers, which then each offer 8 (docs/devices.md); 0: no devices."""
-    scale_gang_share: float = 0.0
-    """The share of the scale curve's pending jobs (0 to 1, at most 1 - ``scale_device_share``)
-    that are tasks of gangs of 2 to 8, a third of them spread (docs/gangs.md); 0: no gangs."""
-    only_scale: bool = False
-    """Run the scale curve alone (no stream, no burst)."""
-    duration_scale: float = 1.0
-    """Multiplies every job's duration (a smoke test runs the same stream faster)."""
-    arrival_rate_per_s: float = 105.0
-    """Jobs per second of the arriving scenario (0: skip it; not scaled by ``duration_scale``).
-    The 100 workers can run about 115.3 jobs/s of the 10,000-job stream of seed 1 (1,200,000
-    cpu_millis over 10,407 cpu_millis x s per job); near that the queue stays short, so the room
-    a policy leaves decides what can start."""
-    insecure: bool = False
-    """Run the clusters with ``--insecure`` (plaintext gRPC) instead of mutual TLS."""
-    heartbeat_interval_s: float = 1.0
-    """The workers' heartbeat interval; the heartbeat deadline is 1.5 times it, the self-fence
-    3.5 times and the control planes' dead_after 5 times (1 s: 1.5 s, 3.5 s and 5 s)."""
-    docker: bool = False
-    """Run the stream all at once under the first policy twice, side by side: the workers
-    hosted in fleets (``fleet_size``), and each worker in a container of its own (``stockade
-    up --docker``); no other scenario runs."""
-    arrival_batch_interval_s: float = 0.1
-    """How often the arriving scenario submits every job whose arrival time has come."""
-    waiting_after_s: float = 1.0
-    """A job pending this long (seconds since its submission) is waiting for room:
-    ``cpu_use_waiting`` averages the samples taken while some job was. Ten placement rounds, so
-    a job that only waits for the next round does not count."""
