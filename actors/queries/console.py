@@ -74,8 +74,8 @@ CONSOLE_WORKER = _WORKER_COLUMNS + " WHERE w.id = $1 GROUP BY w.id"
 # $1 worker id, $2 how many, $3 the only owner whose jobs' runs it lists (NULL: any). Its
 # assignments, active ones first, then the newest.
 CONSOLE_WORKER_ASSIGNMENTS = """
-SELECT a.id, a.job_id, j.name, j.array_index, j.gang_rank, a.state, a.epoch, a.worker_incarnation, a.cpu_millis,
-       a.memory_mb,
+SELECT a.id, a.job_id, j.name, j.array_index, j.gang_rank, a.state, a.epoch, a.worker_incarnation,
+       a.cpu_millis, a.memory_mb,
        coalesce(a.end_reason, '') AS end_reason, a.exit_code,
        extract(epoch FROM a.created_at)::float8 AS created_unix_s,
        extract(epoch FROM a.ended_at)::float8 AS ended_unix_s
@@ -91,8 +91,9 @@ SELECT a.id, a.job_id, j.name, j.array_index, j.gang_rank, a.state, a.epoch, a.w
 # this id (NULL: from the newest).
 # Newest first, with the worker of each job's latest run.
 CONSOLE_JOBS = """
-SELECT j.id, j.name, j.array_index, j.gang_rank, j.state, j.reason, j.runtime, j.cpu_millis, j.memory_mb, j.priority,
-       j.attempts, j.exit_code, j.owner, extract(epoch FROM j.submitted_at)::float8 AS submitted_unix_s,
+SELECT j.id, j.name, j.array_index, j.gang_rank, j.state, j.reason, j.runtime, j.cpu_millis, j.memory_mb,
+       j.priority, j.attempts, j.exit_code, j.owner,
+       extract(epoch FROM j.submitted_at)::float8 AS submitted_unix_s,
        extract(epoch FROM now() - j.submitted_at)::float8 AS age_s, a.worker_id
   FROM jobs j
   LEFT JOIN LATERAL (
