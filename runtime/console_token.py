@@ -13,6 +13,7 @@ import binascii
 import datetime
 import hashlib
 import json
+import math
 from typing import Any
 
 import attrs
@@ -142,8 +143,9 @@ def _json_part(text: str, what: str) -> dict[str, Any]:
 
 def _number(claims: dict[str, Any], name: str) -> float:
     value = claims.get(name)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TokenRefused(f"the token's {name} claim must be a number of Unix seconds")
+    # NaN and the infinities pass no comparison: a token dated so would never expire.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TokenRefused(f"the token's {name} claim must be a finite number of Unix seconds")
     return float(value)
 
 

@@ -37,7 +37,7 @@ from runtime.lag import LoopLag
 from runtime.settings.control_plane import IngestSettings
 from runtime.validation import check_drain_deadline_ms, check_drain_deadline_s
 
-__all__ = ["ACTIONS", "ActionDone", "ConsoleActions", "action_request"]
+__all__ = ["ACTIONS", "MAX_ACTION_BODY_BYTES", "ActionDone", "ConsoleActions", "action_request"]
 
 ACTIONS_SETTINGS = IngestSettings(pool_size=2, liveness_reserved_connections=1, max_requests_in_progress=1)
 """The console's actions' handlers: two connections, one action's statement at a time."""
@@ -50,6 +50,13 @@ ACTIONS = {
     "drain": "drain_worker",
 }
 """Action (the last part of ``/action/...``) -> the RPC whose handler carries it out."""
+
+MAX_ACTION_BODY_BYTES = 4096
+"""An action's JSON body at most, in bytes (an idempotency key and a deadline take under 200);
+a longer one is refused unread, so no caller can make the console's process hold it."""
+
+ENDED_BEFORE_CANCEL = ("succeeded", "failed")
+"""A cancel's reply state that says the job had ended first: nothing was cancelled."""
 
 
 @attrs.frozen(kw_only=True)
@@ -151,21 +158,35 @@ class ConsoleActions:
         self._log.info("console action", rpc=rpc, caller=str(caller))
         return ActionDone(rpc=rpc, reply=reply)
 
-    async def answer(self, caller: Caller, action: str, target: str, body: Any) -> tuple[int, bool, str]:
-        """(HTTP status, done, what it did or why not) of ``action`` on ``target`` with the
-        page's JSON ``body``, as ``caller`` (:meth:`act`, its errors as statuses)."""
+    async def answer(
+        self, caller: Caller, action: str, target: str, body: Callable[[], Awaitable[Any]]
+    ) -> tuple[int, bool, str]:
+        """(HTTP status, done, what it did or why not) of ``action`` on ``target`` as ``caller``
+        (:meth:`act`, its errors as statuses). ``body`` reads the page's JSON body (raising
+        InvalidArgument when it is too long); it is read only once ``caller``'s role may call the
+        action's RPC. A cancel of a job that had already succeeded or failed is not done (409),
+        as ``stockade cancel`` says (exit 3)."""
         try:
-            if not isinstance(body, dict):
-                raise InvalidArgument("body", body, "must be a JSON object")
-            done = await self.act(caller, action, action_request(action, target, body))
+            check_access(ACTIONS[action], CONTROL_PLANE_ACCESS, caller)
+            payload = await body()
+            if not isinstance(payload, dict):
+                raise InvalidArgument("body", payload, "must be a JSON object")
+            request = action_request(action, target, payload)
+            done = await self.act(caller, action, request)
         except PermissionDenied as exc:
             return 403, False, str(exc)
         except NotFound as exc:
             return 404, False, str(exc)
         except (InvalidArgument, IdempotencyConflict) as exc:
             return 400, False, str(exc)
-        except StockadeError as exc:  # Busy, DatabaseUnavailable: temporary, nothing was stored
+        except StockadeError as exc:
+            # Busy, DatabaseUnavailable: a deadline passed; the change may have committed
+            # (the page says to look again before retrying).
             return 503, False, str(exc)
+        if done.rpc == "cancel_job":
+            target = str(request.job_id)
+            if done.reply.state in ENDED_BEFORE_CANCEL:
+                return 409, False, f"job {target} {done.reply.state} before the cancel took effect"
         return 200, True, views.action_outcome(action, target, done.reply)
 
     async def close(self) -> None:

@@ -20,6 +20,7 @@ from seeding import insert_job
 from test_console import console_on, get, seed_alice_and_bob
 
 from actors.console import Console
+from actors.console.actions import MAX_ACTION_BODY_BYTES
 from ops.certs import init_cluster, issue
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.console_token import make_token
@@ -188,6 +189,48 @@ async def test_cross_site_requests_change_nothing(database_url: str, certs: Path
     (job,) = await fetch(database_url, "SELECT state FROM jobs WHERE id = $1", alices)
     assert job["state"] == "pending"
     assert await fetch(database_url, "SELECT * FROM audit_log") == []
+
+
+async def test_a_long_or_malformed_body_is_refused_and_a_refused_role_never_has_it_read(
+    database_url: str, certs: Path
+) -> None:
+    """A body past MAX_ACTION_BODY_BYTES is refused (400, naming the limit) without being read,
+    and a viewer's is refused for its role first (403); a body nested past Python's recursion
+    limit is no JSON object (400, not a failed page); nothing changes."""
+    alices, _ = await seed_alice_and_bob(database_url)
+    path = f"/action/jobs/{alices}/cancel"
+    long = {"idempotency_key": "k", "pad": "a" * MAX_ACTION_BODY_BYTES}
+    async with console_on(database_url, tls=TlsFiles.in_dir(certs, "cp-1")) as console:
+        too_long = await act(console, path, bearer(certs, "operator"), long)
+        viewer = await act(console, path, bearer(certs, "viewer"), long)
+        headers = {**bearer(certs, "operator"), "Origin": console.url, "X-Stockade-Action": "1"}
+        nested = await get(console, path, headers, method="POST", body=b"[" * 3000)
+    assert too_long[0] == 400 and f"body must be at most {MAX_ACTION_BODY_BYTES} bytes" in too_long[1]
+    assert viewer[0] == 403 and "permission denied" in viewer[1]
+    assert nested[0] == 400 and "body must be a JSON object" in nested[2]
+    (job,) = await fetch(database_url, "SELECT state FROM jobs WHERE id = $1", alices)
+    assert job["state"] == "pending" and await fetch(database_url, "SELECT * FROM audit_log") == []
+
+
+async def test_a_cancel_of_a_job_that_had_ended_is_not_done(database_url: str, certs: Path) -> None:
+    """Cancelling a job that had already succeeded is answered as not done (409), as `stockade
+    cancel` says it (exit 3); the job keeps its success. A page opened as localhost (the
+    certificates name it) may act as one opened as 127.0.0.1."""
+    alices, bobs = await seed_alice_and_bob(database_url)
+    await fetch(database_url, "UPDATE jobs SET state = 'succeeded', reason = '' WHERE id = $1", alices)
+    async with console_on(database_url, tls=TlsFiles.in_dir(certs, "cp-1")) as console:
+        ended = await act(console, f"/action/jobs/{alices}/cancel", bearer(certs, "operator"))
+        local = console.url.replace("127.0.0.1", "localhost")
+        as_localhost = await act(
+            console, f"/action/jobs/{bobs}/cancel", bearer(certs, "operator"), origin=local
+        )
+    assert ended[0] == 409 and f"job {alices} succeeded before the cancel took effect" in ended[1]
+    assert 'data-ok="no"' in ended[1]
+    assert as_localhost[0] == 200 and f"job {bobs}: cancelled" in as_localhost[1]
+    states = await fetch(
+        database_url, "SELECT id, state FROM jobs WHERE id = ANY($1) ORDER BY id", [alices, bobs]
+    )
+    assert {r["id"]: r["state"] for r in states} == {alices: "succeeded", bobs: "cancelled"}
 
 
 async def test_the_jobs_part_pages_and_searches_by_id_name_and_task(database_url: str) -> None:

@@ -71,6 +71,35 @@ def test_a_lifetime_beyond_twelve_hours_is_neither_made_nor_accepted(certs: Path
         check(forged(token, exp=NOW_S + 3600), certs)
 
 
+def resigned(token: str, key_path: Path, **changes: object) -> str:
+    """``token`` with its claims changed and signed again with the key at ``key_path`` (its
+    holder's own forgery: the signature verifies)."""
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+
+    head, claims, _ = token.split(".")
+    payload = json.loads(base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4)))
+    payload.update(changes)
+    body = base64.urlsafe_b64encode(json.dumps(payload).encode()).rstrip(b"=").decode()
+    key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    r, s = decode_dss_signature(key.sign(f"{head}.{body}".encode(), ec.ECDSA(hashes.SHA256())))
+    signature = base64.urlsafe_b64encode(r.to_bytes(32, "big") + s.to_bytes(32, "big")).rstrip(b"=").decode()
+    return f"{head}.{body}.{signature}"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_token_dated_by_no_finite_number_is_refused(certs: Path, value: float) -> None:
+    """A holder's own token whose iat and exp are NaN (which no comparison catches) or infinite
+    is refused, not taken as never expiring."""
+    files = TlsFiles.in_dir(certs, "operator")
+    token = make_token(files, now_unix_s=NOW_S, lifetime_s=60)
+    assert check(resigned(token, files.key_path), certs) == "operator/operator"
+    with pytest.raises(TokenRefused, match="must be a finite number of Unix seconds"):
+        check(resigned(token, files.key_path, iat=value, exp=value), certs)
+
+
 def test_claims_changed_after_signing_are_refused(certs: Path) -> None:
     """A viewer's token rewritten to say operator fails its signature check."""
     token = make_token(TlsFiles.in_dir(certs, "viewer"), now_unix_s=NOW_S, lifetime_s=60)
