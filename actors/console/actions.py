@@ -11,11 +11,14 @@ first action (docs/console.md, "Actions").
 
 from __future__ import annotations
 
+import json
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
 import trio
+from starlette.requests import Request
 
 from actors.console import views
 from actors.ingest import CONTROL_PLANE_ACCESS, ControlPlaneService
@@ -37,7 +40,15 @@ from runtime.lag import LoopLag
 from runtime.settings.control_plane import IngestSettings
 from runtime.validation import check_drain_deadline_ms, check_drain_deadline_s
 
-__all__ = ["ACTIONS", "MAX_ACTION_BODY_BYTES", "ActionDone", "ConsoleActions", "action_request"]
+__all__ = [
+    "ACTIONS",
+    "MAX_ACTION_BODY_BYTES",
+    "ActionDone",
+    "ConsoleActions",
+    "action_request",
+    "localhost_alias",
+    "read_body",
+]
 
 ACTIONS_SETTINGS = IngestSettings(pool_size=2, liveness_reserved_connections=1, max_requests_in_progress=1)
 """The console's actions' handlers: two connections, one action's statement at a time."""
@@ -194,3 +205,32 @@ class ConsoleActions:
         if self._service is not None:
             await self._service.pool.close()
             self._service = None
+
+
+def localhost_alias(url: str) -> str | None:
+    """``https://localhost:PORT`` for a console URL on a loopback address, else None."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.hostname not in ("127.0.0.1", "::1") or parts.port is None:
+        return None
+    return f"{parts.scheme}://localhost:{parts.port}"
+
+
+async def read_body(request: Request) -> Any:
+    """The request's body as JSON, None when it is not JSON (a number, nested past Python's
+    recursion limit, not UTF-8). Reads at most :data:`MAX_ACTION_BODY_BYTES`.
+
+    Raises:
+        InvalidArgument: the body (or its ``Content-Length``) is longer than that.
+    """
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_ACTION_BODY_BYTES:
+        raise InvalidArgument("body", int(declared), f"must be at most {MAX_ACTION_BODY_BYTES} bytes")
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > MAX_ACTION_BODY_BYTES:
+            raise InvalidArgument("body", len(data), f"must be at most {MAX_ACTION_BODY_BYTES} bytes")
+    try:
+        return json.loads(bytes(data))
+    except (ValueError, RecursionError):
+        return None

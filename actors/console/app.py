@@ -25,7 +25,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from actors.console import output, views
-from actors.console.actions import ACTIONS, MAX_ACTION_BODY_BYTES, ConsoleActions
+from actors.console.actions import ACTIONS, ConsoleActions, localhost_alias, read_body
 from actors.console.login import TokenCheck
 from actors.console.parts import PageFn, PageStatus, Part, job_id_param, page_part, scope_of
 from actors.console.store import ConsoleStore, DatabaseDown
@@ -67,35 +67,6 @@ ACTION_HEADER = "X-Stockade-Action"
 REFUSAL_LOG_EVERY_S = 60.0
 """At most one log line per reason of refused logins in this many seconds."""
 PAGE_FAILED = "this page failed; the replica's log says why"
-
-
-def _localhost_alias(url: str) -> str | None:
-    """``https://localhost:PORT`` for a console URL on a loopback address, else None."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.hostname not in ("127.0.0.1", "::1") or parts.port is None:
-        return None
-    return f"{parts.scheme}://localhost:{parts.port}"
-
-
-async def _json_body(request: Request) -> Any:
-    """The request's body as JSON, None when it is not JSON (a number, nested past Python's
-    recursion limit, not UTF-8). Reads at most :data:`MAX_ACTION_BODY_BYTES`.
-
-    Raises:
-        InvalidArgument: the body (or its ``Content-Length``) is longer than that.
-    """
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_ACTION_BODY_BYTES:
-        raise InvalidArgument("body", int(declared), f"must be at most {MAX_ACTION_BODY_BYTES} bytes")
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > MAX_ACTION_BODY_BYTES:
-            raise InvalidArgument("body", len(data), f"must be at most {MAX_ACTION_BODY_BYTES} bytes")
-    try:
-        return json.loads(bytes(data))
-    except (ValueError, RecursionError):
-        return None
 
 
 @attrs.define
@@ -143,7 +114,7 @@ class ConsoleApp:
         """The origins whose pages may read this console's parts: every known console's, and a
         loopback one's also as ``localhost`` (the certificates name it; the same machine)."""
         urls = {self.own_url, *(url for _, url in self.consoles)}
-        return urls | {alias for url in urls if (alias := _localhost_alias(url)) is not None}
+        return urls | {alias for url in urls if (alias := localhost_alias(url)) is not None}
 
     def _security_headers(self, *, connect: str = "'self'") -> dict[str, str]:
         return {
@@ -296,7 +267,7 @@ class ConsoleApp:
         client = request.client
         address = f"{client.host}:{client.port}" if client else "-"
         caller = Caller(address=address, secure=self.tokens is not None, identity=identity)
-        return await self.actions.answer(caller, name, target, lambda: _json_body(request))
+        return await self.actions.answer(caller, name, target, lambda: read_body(request))
 
     async def _not_found(self, request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 404
