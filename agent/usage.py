@@ -21,20 +21,30 @@ MAX_SAMPLE_VALUE = 2**31 - 1
 ``integer``); a larger measure is carried as this."""
 
 
-def read_usage(resources: JobResources, names: Mapping[int, str]) -> tuple[dict[int, JobUsage], float]:
+def read_usage(
+    resources: JobResources, names: Mapping[int, str]
+) -> tuple[dict[int, JobUsage], dict[int, float]]:
     """The counters of the jobs' cgroups named in ``names`` (assignment id -> cgroup name) and,
     under :data:`WORKER_TOTAL`, of all the worker's jobs (a job whose cgroup is gone is left
-    out), and when they were read: the middle of the reads, on the monotonic clock (seconds).
-    Blocking (file reads): run it in a thread. The time is taken here, beside the reads, not
-    when the thread's result reaches the event loop: on a busy machine that hop can take a
-    tenth of a second, a fiftieth of a 5 s span."""
-    began = time.monotonic()
-    readings = {WORKER_TOTAL: resources.jobs_usage()}
+    out), and when each was read: the middle of its own reads, on the monotonic clock (seconds).
+    Blocking (file reads): run it in a thread. Each time is taken here, beside its reads, not
+    when the thread's result reaches the event loop, nor once for all: on a busy machine a
+    thread waits for a core between two reads, and a tenth of a second is a fiftieth of a 5 s
+    span."""
+    readings: dict[int, JobUsage] = {}
+    read_at_s: dict[int, float] = {}
+
+    def read(assignment_id: int, usage: Callable[[], JobUsage]) -> None:
+        began = time.monotonic()
+        readings[assignment_id] = usage()
+        read_at_s[assignment_id] = (began + time.monotonic()) / 2
+
+    read(WORKER_TOTAL, resources.jobs_usage)
     for assignment_id, name in names.items():
         confined = resources.find(name)
         if confined is not None:
-            readings[assignment_id] = confined.usage()
-    return readings, (began + time.monotonic()) / 2
+            read(assignment_id, confined.usage)
+    return readings, read_at_s
 
 
 def _capped(value: float) -> int:
@@ -49,21 +59,25 @@ class UsageMeter:
     _last: dict[int, tuple[float, float]] = attrs.field(factory=dict)
     """Assignment id -> (time in seconds, CPU seconds counted) of its previous reading."""
 
-    def samples(self, readings: Mapping[int, JobUsage], at_s: float) -> tuple[UsageSample, ...]:
+    def samples(
+        self, readings: Mapping[int, JobUsage], at_s: float | Mapping[int, float]
+    ) -> tuple[UsageSample, ...]:
         """The samples of ``readings`` (assignment id -> counters) taken at ``at_s`` (seconds,
-        any monotonic clock), in the order of ``readings``: one for each id read before at an
-        earlier time with a CPU count then and now. A counter that went back (a cgroup made
-        anew) starts a new baseline; ids not in ``readings`` are forgotten."""
+        any monotonic clock: one time for all, or each id's own, as :func:`read_usage` gives),
+        in the order of ``readings``: one for each id read before at an earlier time with a CPU
+        count then and now. A counter that went back (a cgroup made anew) starts a new baseline;
+        ids not in ``readings`` are forgotten."""
         out: list[UsageSample] = []
         last: dict[int, tuple[float, float]] = {}
         for assignment_id, usage in readings.items():
             if usage.cpu_s is None:
                 continue
-            last[assignment_id] = (at_s, usage.cpu_s)
+            read_at_s = at_s if isinstance(at_s, float | int) else at_s[assignment_id]
+            last[assignment_id] = (read_at_s, usage.cpu_s)
             before = self._last.get(assignment_id)
-            if before is None or at_s <= before[0] or usage.cpu_s < before[1]:
+            if before is None or read_at_s <= before[0] or usage.cpu_s < before[1]:
                 continue
-            span_s = at_s - before[0]
+            span_s = read_at_s - before[0]
             out.append(
                 UsageSample(
                     assignment_id=assignment_id,

@@ -90,6 +90,20 @@ def test_each_span_counts_from_the_reading_before() -> None:
     assert (sample.cpu_millis, sample.memory_mb, sample.span_ms) == (500, 0, 5000)
 
 
+def test_each_counter_counts_over_the_span_between_its_own_reads() -> None:
+    """Readings timed each by its own read (read_usage's): a counter read 0.5 s later than the
+    other (its thread waited for a core) is averaged over its own span, not the other's."""
+    meter = UsageMeter()
+    meter.samples({3: JobUsage(cpu_s=0.0), WORKER_TOTAL: JobUsage(cpu_s=0.0)}, {3: 0.5, WORKER_TOTAL: 0.0})
+    samples = meter.samples(
+        {3: JobUsage(cpu_s=10.0), WORKER_TOTAL: JobUsage(cpu_s=10.0)}, {3: 5.5, WORKER_TOTAL: 5.0}
+    )
+    assert [(s.assignment_id, s.cpu_millis, s.span_ms) for s in samples] == [
+        (3, 2000, 5000),
+        (WORKER_TOTAL, 2000, 5000),
+    ]
+
+
 def test_a_counter_that_went_back_starts_a_new_baseline() -> None:
     """A cgroup made anew counts from 0: no sample (it would be negative), the next one counts."""
     meter = UsageMeter()
