@@ -25,6 +25,7 @@ from ops.cluster import LocalCluster
 from protocol import pb
 from runtime.aio import asyncio_bridge
 from runtime.client import ControlPlaneClient
+from runtime.errors import StockadeError
 from runtime.text import read_jsonl
 
 pytestmark = pytest.mark.e2e
@@ -69,6 +70,29 @@ async def _proxied_cluster_running(
         await client.call("submit_job", pb.SubmitJobRequest(spec=long_job(seconds)))
     await _wait_running(client, jobs)
     return client
+
+
+async def _cut_off_until_dead(harness: Harness, client: ControlPlaneClient, worker_id: str) -> None:
+    """Cut ``worker_id`` off from every control plane until one reports it dead (at most 90 s),
+    then heal it: the death waits for the database and a leader, however slow the machine."""
+    cut_at = time.time()
+    await harness._sever(worker_id)
+    try:
+        with trio.fail_after(90):
+            while True:
+                try:
+                    status = await client.call("status", pb.StatusRequest())
+                except StockadeError:
+                    status = None  # the database or the leader is away: ask again
+                if status is not None and any(
+                    w.id == worker_id and w.state == "dead" for w in status.workers
+                ):
+                    break
+                await trio.sleep(0.2)
+    finally:
+        with trio.CancelScope(shield=True):
+            await harness._heal(worker_id)
+        harness.cluster.state.record_fault("partition", worker_id, cut_at, time.time())
 
 
 def _report(harness: Harness, cluster: LocalCluster, history: checker.History) -> checker.CheckReport:
@@ -144,12 +168,12 @@ async def test_a_database_restart_pauses_running_jobs_and_kills_none(tmp_path: P
 async def test_a_worker_cut_off_and_a_leader_frozen_during_a_database_outage_run_no_job_twice(
     tmp_path: Path,
 ) -> None:
-    """During an 8 s database outage, one worker is cut off from every control plane for 14 s
-    and the leader is SIGSTOPped until 3 s after the database is back. The cut-off worker is
-    declared dead once the database is back and its silence has counted for dead_after, its
-    paused jobs run elsewhere and never resume where they were; the frozen leader's writes are
-    refused. No job ran twice and every job finished; the other workers' jobs were not
-    stopped."""
+    """During an 8 s database outage, one worker is cut off from every control plane (until it
+    is declared dead) and the leader is SIGSTOPped until 3 s after the database is back. The
+    cut-off worker is declared dead once the database is back and its silence has counted for
+    dead_after, its paused jobs run elsewhere and never resume where they were; the frozen
+    leader's writes are refused. No job ran twice and every job finished; the other workers'
+    jobs were not stopped."""
     cluster = LocalCluster(tmp_path / "state")
     settings = ChaosSettings(
         failovers=0, workers=3, partitions=1, partition_s=14.0, db_restarts=1, db_down_s=(8.0, 8.0), seed=11
@@ -167,7 +191,7 @@ async def test_a_worker_cut_off_and_a_leader_frozen_during_a_database_outage_run
                     # Cut off before its workers pause (1.25 s at the earliest), so the checker
                     # sees the worker's own fault, not the outage, in its runs' ends.
                     await trio.sleep(0.2)
-                    faults.start_soon(harness.partition_worker, "w-1")
+                    faults.start_soon(_cut_off_until_dead, harness, client, "w-1")
                     await trio.sleep(1.3)
                     frozen_at = time.time()
                     os.kill(leader_pid, signal.SIGSTOP)
