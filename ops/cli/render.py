@@ -106,12 +106,14 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
     for column in ("id", "address", "role", *(("metrics",) if metrics else ())):
         cps.add_column(column)
     role_style = {"leader": "bold green", "standby": "", "down": "red"}
+    # Cells are Text, not str: rich would read a str as markup and emoji codes (an IPv6
+    # address's "[::1]" vanished) and run its highlighter over it.
     for cp in status.control_planes:
         cps.add_row(
-            cp.id,
-            cp.address,
+            Text(cp.id),
+            Text(cp.address),
             Text(cp.role, style=role_style.get(cp.role, "")),
-            *((metrics.get(cp.id, "-"),) if metrics else ()),
+            *((Text(metrics.get(cp.id, "-")),) if metrics else ()),
         )
     parts.append(cps)
 
@@ -137,15 +139,19 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
         if w.unhealthy:
             state.append(", unhealthy", style="bold red")
         workers.add_row(
-            w.id,
+            Text(w.id),
             state,
             _bar(w.cpu_allocated_millis, w.cpu_millis, ""),
             _bar(w.memory_allocated_mb, w.memory_mb, ""),
             Text(", ".join(f"{k}={v}" for k, v in w.labels) or "-"),
-            *((worker_devices(w),) if any(x.resources for x in status.workers) else ()),
-            *((w.usage.describe() if w.usage else "-",) if any(x.usage for x in status.workers) else ()),
-            _job_ids(list(w.job_ids)),
-            *((metrics.get(w.id, "-"),) if metrics else ()),
+            *((Text(worker_devices(w)),) if any(x.resources for x in status.workers) else ()),
+            *(
+                (Text(w.usage.describe() if w.usage else "-"),)
+                if any(x.usage for x in status.workers)
+                else ()
+            ),
+            Text(_job_ids(list(w.job_ids))),
+            *((Text(metrics.get(w.id, "-")),) if metrics else ()),
         )
     parts.append(workers)
     sick = [w for w in status.workers if w.unhealthy]
@@ -156,7 +162,7 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
         for w in sick:
             since = w.unhealthy_since_unix_s
             at = "-" if since is None else datetime.fromtimestamp(since).astimezone().strftime("%H:%M:%S")
-            unhealthy.add_row(w.id, at, Text(w.unhealthy_reason))
+            unhealthy.add_row(Text(w.id), Text(at), Text(w.unhealthy_reason))
         parts.append(unhealthy)
 
     devices = devices_in_use(status)
@@ -175,7 +181,7 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
         stuck.add_column("reason")
         for job in status.unschedulable:
             gang = "" if job.gang is None else f" (gang of {job.gang.size})"
-            stuck.add_row(f"{job.job_id}{gang}", Text(job.reason or ""))
+            stuck.add_row(Text(f"{job.job_id}{gang}"), Text(job.reason or ""))
         parts.append(stuck)
     return Group(*parts)
 

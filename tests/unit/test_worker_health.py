@@ -750,6 +750,16 @@ def test_status_shows_an_unschedulable_gang_once_with_its_size() -> None:
     assert [row[: row.index("unschedulable:")] for row in rows] == [["118", "(gang", "of", "8)"], ["130"]]
 
 
+def test_status_shows_an_ipv6_address_as_it_is_not_as_markup() -> None:
+    """An IPv6 control plane's ``[fe80::1]:7000`` reads as it is: rich would take a str cell's
+    ``[fe80::1]`` for a markup tag and show ``:7000``."""
+    reply = status_reply()
+    reply.control_planes = [pb.ControlPlaneInfo(id="cp-1", address="[fe80::1]:7000", role="leader")]
+    console = Console(width=200, record=True)
+    console.print(render_status(status_from_pb(reply)))
+    assert "[fe80::1]:7000" in console.export_text()
+
+
 def test_a_healthy_cluster_shows_no_unhealthy_table() -> None:
     """No worker marked: no "unhealthy workers" table."""
     reply = status_reply()
