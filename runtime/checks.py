@@ -7,8 +7,6 @@ takes on the wire and in the database, so a limit means the same for any script.
 
 from __future__ import annotations
 
-import unicodedata
-
 from runtime.errors import InvalidArgument
 
 BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
@@ -36,7 +34,8 @@ def check_text(
     """
     if "\x00" in value:
         raise InvalidArgument(field, value, "must not contain NUL bytes")
-    if printable and any(unicodedata.category(c) == "Cc" for c in value):
+    # Unicode's category Cc is exactly U+0000-U+001F and U+007F-U+009F (no unicodedata import).
+    if printable and any(c < "\x20" or "\x7f" <= c <= "\x9f" for c in value):
         raise InvalidArgument(field, value, "must not contain control characters (newlines, escapes)")
     if printable and any(c in BIDI_CONTROLS for c in value):
         raise InvalidArgument(
