@@ -6,13 +6,13 @@ take are declared once here."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-import attrs
 import typer
 
 from ops.bench.settings import (
@@ -39,15 +39,15 @@ command's settings class; each command has one."""
 
 def _rows(settings: type) -> Callable[..., dict[str, Option]]:
     """The row constructor (:func:`ops.cli.options.settings_rows`) of the options that set
-    fields of the attrs class ``settings``, their defaults its fields' defaults."""
-    fields = attrs.fields_dict(settings)
-    return settings_rows(SETTINGS, lambda name: fields[name].default)
+    fields of the settings class ``settings``, their defaults its defaults (as the process
+    commands' and ``chaos``'s)."""
+    return settings_rows(SETTINGS, functools.partial(getattr, settings()))
 
 
 def _listed(settings: type, field: str, **declared: Any) -> Option:
     """An option that lists the values of ``settings``'s tuple field ``field``, comma-separated
     (its default the field's), parsed by the command."""
-    values = attrs.fields_dict(settings)[field].default or ()
+    values = getattr(settings(), field) or ()
     return Option(",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values), **declared)
 
 
