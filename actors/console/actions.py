@@ -147,18 +147,16 @@ class ConsoleActions:
                 )
             return self._service
 
-    async def act(self, caller: Caller, action: str, request: Any) -> ActionDone:
+    async def _act(self, caller: Caller, action: str, request: Any) -> ActionDone:
         """Carry out ``action`` (a key of :data:`ACTIONS`) with ``request`` (from
-        :func:`action_request`) as ``caller`` would over gRPC.
+        :func:`action_request`) as ``caller`` would over gRPC, once :meth:`answer` found that
+        ``caller``'s role may call its RPC.
 
         Raises:
-            PermissionDenied: ``caller``'s role may not call the RPC (logged and counted as a
-                refused gRPC call is).
             NotFound: no such job (or another account's), or no such worker.
             InvalidArgument, IdempotencyConflict, Busy, DatabaseUnavailable: as the handler.
         """
         rpc = ACTIONS[action]
-        check_access(rpc, CONTROL_PLANE_ACCESS, caller)
         service = await self._handlers()
         handler: Callable[[Any], Awaitable[Any]] = getattr(service, rpc)
         token = RPC_CALLER.set(caller)
@@ -173,17 +171,17 @@ class ConsoleActions:
         self, caller: Caller, action: str, target: str, body: Callable[[], Awaitable[Any]]
     ) -> tuple[int, bool, str]:
         """(HTTP status, done, what it did or why not) of ``action`` on ``target`` as ``caller``
-        (:meth:`act`, its errors as statuses). ``body`` reads the page's JSON body (raising
-        InvalidArgument when it is too long); it is read only once ``caller``'s role may call the
-        action's RPC. A cancel of a job that had already succeeded or failed is not done (409),
-        as ``stockade cancel`` says (exit 3)."""
+        (:meth:`_act`, its errors as statuses). ``caller``'s role is checked first, as a gRPC
+        call's is (a refusal logged and counted); ``body`` reads the page's JSON body (raising
+        InvalidArgument when it is too long), only then. A cancel of a job that had already
+        succeeded or failed is not done (409), as ``stockade cancel`` says (exit 3)."""
         try:
             check_access(ACTIONS[action], CONTROL_PLANE_ACCESS, caller)
             payload = await body()
             if not isinstance(payload, dict):
                 raise InvalidArgument("body", payload, "must be a JSON object")
             request = action_request(action, target, payload)
-            done = await self.act(caller, action, request)
+            done = await self._act(caller, action, request)
         except PermissionDenied as exc:
             return 403, False, str(exc)
         except NotFound as exc:
