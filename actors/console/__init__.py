@@ -96,6 +96,10 @@ class Console:
         config.loglevel = "WARNING"
         config.errorlog = logging.getLogger("hypercorn.error")
         config.graceful_timeout = 0.5
+        # HTTP/1.1 only: hypercorn 0.18's HTTP/2 raises KeyError out of serve() on body data for
+        # a stream it has already answered (a refusal sent before a large body was read), which
+        # crashed the console, and crashed often enough, the replica. Pages need no HTTP/2.
+        config.alpn_protocols = ["http/1.1"]
         tokens = None
         if self.tls is not None:
             self.tls.check()

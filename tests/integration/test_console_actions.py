@@ -10,12 +10,17 @@ changes nothing. The jobs page pages and searches by id, by name and by an array
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
+import socket
+import ssl
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from seeding import insert_job
 from test_console import console_on, get, seed_alice_and_bob
 
@@ -156,6 +161,33 @@ async def test_cordon_drain_and_uncordon_change_the_worker_and_are_audited(
     rows = await fetch(database_url, "SELECT action, arguments FROM audit_log ORDER BY id")
     assert [r["action"] for r in rows] == ["cordon", "drain", "uncordon"]
     assert json.loads(rows[1]["arguments"]) == {"deadline_s": 30.0}
+
+
+async def test_the_console_speaks_http_1_1_and_outlives_bodies_it_refused_unread(
+    database_url: str, certs: Path
+) -> None:
+    """A client offering HTTP/2 gets HTTP/1.1 (hypercorn's HTTP/2 crashed the console on body
+    data of a stream it had answered); requests whose large bodies were refused unread leave the
+    console serving."""
+    alices, _ = await seed_alice_and_bob(database_url)
+    path = f"/action/jobs/{alices}/cancel"
+    async with console_on(database_url, tls=TlsFiles.in_dir(certs, "cp-1")) as console:
+
+        def negotiated() -> str | None:
+            context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+            context.check_hostname = False
+            context.set_alpn_protocols(["h2", "http/1.1"])
+            raw = socket.create_connection(("127.0.0.1", console.http_port), timeout=10)
+            with context.wrap_socket(raw) as tls:
+                return tls.selected_alpn_protocol()
+
+        assert await trio.to_thread.run_sync(negotiated) == "http/1.1"
+        headers = {**bearer(certs, "viewer"), "Origin": console.url, "X-Stockade-Action": "1"}
+        for _ in range(8):
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                await get(console, path, headers, method="POST", body=b"a" * 1_000_000)
+        status, _, body = await get(console, "/part", bearer(certs, "operator"))
+    assert status == 200 and 'id="leader"' in body
 
 
 async def test_cross_site_requests_change_nothing(database_url: str, certs: Path) -> None:
