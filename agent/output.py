@@ -35,6 +35,9 @@ punching), a decimal number; missing: none."""
 KEEP_FRACTION = 7 / 8
 """How much of the cap a trimmed file keeps: the rest is room for growth before the next trim."""
 
+_SEEK_TRIES = 3
+"""How many times :func:`data_start` asks where data begins while the file grows under it."""
+
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
 _UNSUPPORTED = {errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
@@ -114,15 +117,26 @@ def expired(
 
 def data_start(fd: int, offset: int) -> int:
     """The first offset at or after ``offset`` that holds data (past a punched hole), or the
-    file's length when none does. Where the filesystem does not know holes, ``offset``."""
-    try:
-        return os.lseek(fd, offset, os.SEEK_DATA)
-    except OSError as exc:
-        if exc.errno == errno.ENXIO:  # no data at or after offset
-            return max(offset, os.fstat(fd).st_size)
-        if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+    file's length when none does. Where the filesystem does not know holes, ``offset``.
+
+    The file may grow meanwhile (its job writes on): "no data" (ENXIO) followed by a length
+    past ``offset`` means a write came between the two reads, not a hole, so the seek is asked
+    again; only a hole that reaches the end (which a job writing appends cannot leave) is
+    skipped to the length. Taking the length as it was read would skip the bytes just written.
+    """
+    for _ in range(_SEEK_TRIES):
+        try:
+            return os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+                return offset
+            if exc.errno != errno.ENXIO:
+                raise
+        # No data at or after offset, when the seek looked.
+        size = os.fstat(fd).st_size
+        if size <= offset:
             return offset
-        raise
+    return size
 
 
 _libc: Any = None

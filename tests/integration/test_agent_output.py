@@ -115,6 +115,36 @@ async def test_without_hole_punching_a_file_is_truncated_and_readers_are_told_wh
     assert (data, dropped, offset) == (b"after\n", 3 * MIB, 3 * MIB + 6)
 
 
+def test_a_write_landing_between_the_seek_and_the_length_is_read_not_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower at the end of a running job's file asks where data begins (none yet: ENXIO)
+    just before the job writes its next line: that line is read at its offset, and none of it
+    is counted as dropped (it once was, as if trimmed away)."""
+    path = job_file(tmp_path, 4, 4, 0)
+    path.write_bytes(b"one\ntwo\n")
+    seek = os.lseek
+    wrote: list[bool] = []
+
+    def seek_then_write(fd: int, offset: int, how: int) -> int:
+        try:
+            return seek(fd, offset, how)
+        finally:
+            if how == os.SEEK_DATA and not wrote:
+                wrote.append(True)
+                with path.open("ab") as file:  # the job's write, after the seek looked
+                    file.write(b"three\n")
+
+    monkeypatch.setattr(os, "lseek", seek_then_write)
+    fd = _open(path)
+    assert fd is not None
+    try:
+        assert _read(fd, path, 8, 65536, OutputFiles()) == (b"three\n", 0, 14)
+    finally:
+        os.close(fd)
+    assert wrote
+
+
 def aged(folder: Path, age_s: float) -> None:
     then = time.time() - age_s
     for entry in (*folder.iterdir(), folder):
