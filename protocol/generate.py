@@ -6,7 +6,8 @@ Needs the dev extras (grpcio-tools for ``protoc``, betterproto2-compiler for the
 
 The plugin writes each package as one module; the service bases a server subclasses are moved
 from it into ``bases.py`` beside it (:func:`split_service_bases`), so that a client, which imports
-the messages and the stubs, never imports grpclib's server side.
+the messages and the stubs, never imports grpclib's server side; and its messages are made
+dataclasses on first use (:func:`defer_dataclasses`), so that a client pays only for those it uses.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ BASES_MODULE = "bases.py"
 _PACKAGE_IMPORT = "from betterproto2 import grpclib as betterproto2_grpclib\n"
 _STUB_IMPORT = "from betterproto2.grpclib.grpclib_client import ServiceStub\n"
 _FIRST_BASE = re.compile(r"^class \w+\(betterproto2_grpclib\.ServiceBase\):$", re.MULTILINE)
+_DATACLASS_IMPORT = "from dataclasses import dataclass\n"
+_TYPE_CHECKING_BLOCK = re.compile(r"^if TYPE_CHECKING:\n(?:    .*\n)+", re.MULTILINE)
 
 
 def generate(out_dir: Path) -> None:
@@ -62,6 +65,7 @@ def generate(out_dir: Path) -> None:
     )
     for module in sorted(out_dir.rglob("__init__.py")):
         split_service_bases(module)
+        defer_dataclasses(module)
     (out_dir / "__init__.py").touch()
 
 
@@ -106,6 +110,32 @@ def split_service_bases(module: Path) -> None:
         + "    import grpclib.server\n\n\n"
         + bases.replace("(betterproto2_grpclib.ServiceBase)", "(ServiceBase)")
     )
+
+
+def defer_dataclasses(module: Path) -> None:
+    """Make the generated ``module`` take its ``dataclass`` decorator from
+    :mod:`protocol.deferred` at run time (type checkers still see the standard one), so each
+    message becomes a dataclass when it is first used. A module without dataclasses is left as
+    it is.
+
+    Raises:
+        ValueError: the module imports the decorator but has no ``if TYPE_CHECKING:`` block of
+            imports to put the standard one in.
+    """
+    text = module.read_text()
+    if _DATACLASS_IMPORT not in text:
+        return
+    block = _TYPE_CHECKING_BLOCK.search(text)
+    if block is None:
+        raise ValueError(f"{module}: not the layout protocol/generate.py defers")
+    checked = (
+        block.group(0)
+        + f"    {_DATACLASS_IMPORT}"
+        + "else:  # each message becomes a dataclass on first use: protocol/deferred.py\n"
+        + "    from protocol.deferred import dataclass\n"
+    )
+    text = text[: block.start()] + checked + text[block.end() :]
+    module.write_text(text.replace(_DATACLASS_IMPORT, "", 1))
 
 
 def _tree(root: Path) -> dict[str, Path]:

@@ -73,7 +73,6 @@ __all__ = (    "AccountInfo",
 )
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import betterproto2
@@ -86,6 +85,9 @@ if TYPE_CHECKING:
     import grpclib.server
     from betterproto2.grpclib.grpclib_client import MetadataLike
     from grpclib.metadata import Deadline
+    from dataclasses import dataclass
+else:  # each message becomes a dataclass on first use: protocol/deferred.py
+    from protocol.deferred import dataclass
 
 _COMPILER_VERSION = "0.10.1"
 betterproto2.check_compiler_version(_COMPILER_VERSION)
