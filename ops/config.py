@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -193,6 +193,27 @@ def local_state_dirs() -> Iterator[Path]:
     recorded = recorded_local_cluster()
     if recorded is not None and recorded != first:
         yield recorded
+
+
+def local_cluster_record(addresses: Sequence[str]) -> tuple[Path, dict[str, Any]] | None:
+    """The state folder and the ``cluster.json`` (as read, a JSON object) of the local cluster
+    whose control planes are ``addresses``, looked for in :func:`local_state_dirs`; None when
+    none is, or its record cannot be read. Read without the launcher's classes
+    (:class:`ops.launcher.state.ClusterConfig`), which a client command need not load."""
+    wanted = set(addresses)
+    folders = local_state_dirs()
+    while True:
+        try:
+            folder = next(folders)
+        except (StopIteration, StockadeError):  # StockadeError: the user config is unreadable
+            return None
+        try:
+            record = json.loads((folder / CLUSTER_FILE).read_text())
+            recorded = {str(p["address"]) for p in record["processes"] if p["kind"] == "cp"}
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if recorded == wanted:
+            return folder, record
 
 
 def resolve_addresses(option: str | None, state_dir: Path | None = None) -> list[str]:

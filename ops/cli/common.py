@@ -19,6 +19,7 @@ from ops.config import (
     CONTROL_PLANES_ENV,
     ClusterError,
     default_state_dir,
+    local_cluster_record,
     resolve_addresses,
     resolve_client_tls,
 )
@@ -37,7 +38,6 @@ from runtime.errors import (
     PermissionDenied,
     RemoteError,
     ResourcesUnavailable,
-    StockadeError,
     Unavailable,
 )
 
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ops.client import Client
-    from ops.launcher.state import ClusterConfig, StateDir
+    from ops.launcher.state import StateDir
     from runtime.tls import TlsFiles
 
 T = TypeVar("T")
@@ -65,11 +65,13 @@ _PIPED_WIDTH = 120
 
 
 def _console(*, stderr: bool = False) -> Console:
+    """A console that prints what it is given as it is: no highlighting, and no emoji codes
+    (a job named ``:fire:`` keeps its name; rich would also load its table of 4,000 codes)."""
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
     piped = not stream.isatty() and "COLUMNS" not in os.environ
-    return Console(stderr=stderr, highlight=False, width=_PIPED_WIDTH if piped else None)
+    return Console(stderr=stderr, highlight=False, emoji=False, width=_PIPED_WIDTH if piped else None)
 
 
 @functools.cache
@@ -313,38 +315,38 @@ def shown_path(path: Path) -> str:
         return str(path)
 
 
-def _local_cluster(addresses: list[str]) -> tuple[StateDir, ClusterConfig] | None:
-    """The state folder and record of the local cluster whose control planes are ``addresses``."""
-    from ops.config import local_state_dirs
-    from ops.launcher.state import StateDir
-
-    for folder in local_state_dirs():
-        with contextlib.suppress(StockadeError, OSError, ValueError):
-            state = StateDir(folder)
-            config = state.load()
-            if config is not None and set(config.control_plane_addresses) == set(addresses):
-                return state, config
-    return None
-
-
 def local_metrics(addresses: list[str]) -> dict[str, str]:
     """Process or worker id (a fleet's: the fleet's) -> ``host:port`` of its Prometheus metrics,
-    for the local cluster whose control planes are ``addresses``; else empty."""
-    if (local := _local_cluster(addresses)) is None:
+    for the local cluster whose control planes are ``addresses``; else empty.
+
+    Read from the cluster's record as :meth:`ops.launcher.state.ClusterConfig.metrics_addresses`
+    and its workers give it (tests/unit/test_cli_config.py holds the two to the same answer),
+    without loading those classes: ``stockade status`` calls this."""
+    local = local_cluster_record(addresses)
+    if local is None:
         return {}
-    config = local[1]
-    found = config.metrics_addresses()
-    for worker in config.workers:
-        if worker.process_id in found:
-            found.setdefault(worker.id, found[worker.process_id])
+    record = local[1]
+    try:
+        found = {
+            str(p["id"]): str(p["metrics_address"]) for p in record["processes"] if p.get("metrics_address")
+        }
+        for worker in record.get("hosted_workers", ()):  # an agent process's worker has its id
+            if worker["process_id"] in found:
+                found.setdefault(str(worker["id"]), found[worker["process_id"]])
+    except (KeyError, TypeError, AttributeError):  # a record this release did not write
+        return {}
     return found
 
 
 def local_ha_db_dir(addresses: list[str]) -> Path | None:
     """The ``hadb/`` folder of the local cluster whose control planes are ``addresses``, when it
     runs with ``--ha-db``; else None."""
-    local = _local_cluster(addresses)
-    return local[0].hadb_dir if local is not None and local[1].ha_db else None
+    local = local_cluster_record(addresses)
+    if local is None or local[1].get("ha_db") is not True:
+        return None
+    from ops.launcher.state import StateDir
+
+    return StateDir(local[0]).hadb_dir
 
 
 def ha_db_line(hadb_dir: Path) -> str:

@@ -415,7 +415,7 @@ def _prepare_status_view(addresses: list[str], as_json: bool) -> dict[str, str]:
     """What shows the status of the cluster at ``addresses``, readied before its reply comes: the
     client's result classes, the tables (rich) or, with ``as_json``, the JSON imported; the local
     cluster's metrics addresses (:func:`ops.cli.common.local_metrics`) returned."""
-    import ops.client.results
+    import ops.client.status_results
 
     if as_json:
         import ops.cli.status_json
@@ -439,7 +439,7 @@ def _status(args: Sequence[str]) -> int | None:
         addresses = control_plane_addresses(options["control_planes"])
         view = functools.cache(functools.partial(_prepare_status_view, addresses, options["as_json"]))
         answer = _answer(addresses, _STATUS_ROUTE, pb.StatusRequest(), pb.StatusReply, meanwhile=view)
-        from ops.client.results import status_from_pb
+        from ops.client.status_results import status_from_pb
 
         reply = status_from_pb(answer)
     except Exception:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ops.client.results import _from_pb
+from ops.client.from_wire import from_pb
 
 if TYPE_CHECKING:
     from protocol import pb
@@ -118,7 +118,7 @@ def audit_from_pb(message: pb.AuditEntry) -> AuditEntry:
 
     targets = json.loads(message.target_ids_json or "[]")
     arguments = json.loads(message.arguments_json or "{}")
-    return _from_pb(AuditEntry, message, target_ids=tuple(targets), arguments=arguments)
+    return from_pb(AuditEntry, message, target_ids=tuple(targets), arguments=arguments)
 
 
 def account_from_pb(message: pb.AccountInfo) -> Account:
@@ -126,7 +126,7 @@ def account_from_pb(message: pb.AccountInfo) -> Account:
     from runtime.accounts import CLEARABLE  # not before: it loads the job spec, which status needs not
 
     caps = {cap: int(getattr(message, cap)) if getattr(message, f"has_{cap}") else None for cap in CLEARABLE}
-    return _from_pb(Account, message, **caps)
+    return from_pb(Account, message, **caps)
 
 
 def _utc_ms(ms: int) -> datetime | None:
@@ -161,4 +161,4 @@ def schedule_info_from_pb(message: pb.ScheduleInfo) -> Schedule:
 
 def schedule_from_pb(message: pb.WorkerScheduleReply) -> WorkerSchedule:
     """A ``WorkerScheduleReply`` as a :class:`WorkerSchedule`."""
-    return _from_pb(WorkerSchedule, message)
+    return from_pb(WorkerSchedule, message)

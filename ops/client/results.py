@@ -1,6 +1,8 @@
 """What the client's calls return: frozen attrs classes built from the control planes' replies.
 
-A value the wire sends as zero or empty for "none" (no worker yet, no exit code) is None here;
+The cluster's status (:class:`ClusterStatus` and what it holds) is defined in
+:mod:`ops.client.status_results` and re-exported here. A value the wire sends as zero or empty
+for "none" (no worker yet, no exit code) is None here (:mod:`ops.client.from_wire`);
 times are Unix seconds as floats (``*_unix_s``), durations seconds (``*_s``), CPU millicores
 (``cpu_millis``), memory MiB (``memory_mb``). Lists and maps of pairs (counts by state, labels)
 are tuples of pairs in the reply's order (labels sorted by key): every result compares by value.
@@ -8,10 +10,18 @@ are tuples of pairs in the reply's order (labels sorted by key): every result co
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 import attrs
+
+from ops.client.from_wire import exit_code, from_pb, units
+from ops.client.status_results import ClusterStatus as ClusterStatus
+from ops.client.status_results import ControlPlane as ControlPlane
+from ops.client.status_results import Usage as Usage
+from ops.client.status_results import Worker as Worker
+from ops.client.status_results import status_from_pb as status_from_pb
+from ops.client.status_results import usage_from_pb
+from ops.client.status_results import worker_from_pb as worker_from_pb
 
 if TYPE_CHECKING:
     from protocol import pb
@@ -21,10 +31,6 @@ ENDED_STATES = ("succeeded", "failed", "cancelled")
 """The states a job ends in (it never leaves them)."""
 OPEN_STATES = ("waiting", "pending", "assigned", "running")
 """The states of a job that has not ended."""
-
-
-def _ints(value: Iterable[int]) -> tuple[int, ...]:
-    return tuple(int(item) for item in value)
 
 
 @attrs.frozen(kw_only=True)
@@ -225,114 +231,6 @@ class CancelOutcome:
 
 
 @attrs.frozen(kw_only=True)
-class ControlPlane:
-    """One control-plane replica as the cluster sees it."""
-
-    id: str
-    """Its id (``cp-1``)."""
-    address: str
-    role: str
-    """``leader``, ``standby`` or ``down``."""
-    seen_unix_s: float | None
-    """When it last said it was alive."""
-
-
-@attrs.frozen(kw_only=True)
-class Usage:
-    """What a running job, or all of a worker's command jobs together, used lately: the newest
-    sample its worker reported from their cgroups (docs/console.md, "Usage")."""
-
-    cpu_millis: int
-    """CPU used on average over the sample's span, in millicores (1000 = one core busy)."""
-    memory_mb: int
-    """Memory held at the sample's end, in MiB."""
-    age_s: float
-    """How long before the reply the sample was recorded (database time), in seconds."""
-
-    def describe(self) -> str:
-        """``1.93 cores, 41 MiB, 3 s ago``."""
-        return f"{self.cpu_millis / 1000:.2f} cores, {self.memory_mb:,} MiB, {self.age_s:.0f} s ago"
-
-
-@attrs.frozen(kw_only=True)
-class Worker:
-    """One worker as the cluster sees it."""
-
-    id: str
-    """Its id (``w-1``)."""
-    address: str
-    """The ``host:port`` of its Worker service."""
-    state: str
-    """``alive``, ``dead`` or ``left`` (stopped cleanly)."""
-    cpu_millis: int
-    """Its capacity (so ``memory_mb``)."""
-    memory_mb: int
-    cpu_allocated_millis: int
-    """What its active assignments reserve (so ``memory_allocated_mb``)."""
-    memory_allocated_mb: int
-    job_ids: tuple[int, ...]
-    """The jobs active on it."""
-    incarnation: int
-    """Its current registration's number."""
-    last_heartbeat_age_s: float
-    """Seconds since its last heartbeat."""
-    cordoned: bool
-    """Nothing new is placed on it (a drain cordons too)."""
-    draining: bool
-    """A drain was asked and jobs are still active on it."""
-    drained: bool
-    """A drain was asked and no job is active on it: its agent can be stopped."""
-    drain_deadline_unix_s: float | None
-    """When a draining worker's remaining jobs are stopped and placed elsewhere; None: none."""
-    labels: tuple[tuple[str, str], ...]
-    """Its labels (key, value), sorted by key."""
-    unhealthy: bool = False
-    """Its recent runs fail where the same jobs do not fail elsewhere: nothing new is placed on
-    it but a probe now and then, until a run succeeds there or an operator uncordons it."""
-    unhealthy_reason: str = ""
-    """Why it is unhealthy (``unhealthy: 8 of the last 10 runs failed (other workers meanwhile: 1
-    of 40; 3 of those jobs succeeded elsewhere), last: exit code 2``); empty when healthy."""
-    unhealthy_since_unix_s: float | None = None
-    """When it was marked (renewals after a failed probe keep it); None when healthy."""
-    resources: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    """The countable devices it offers, (name, unit ids), sorted by name (docs/devices.md)."""
-    resources_in_use: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    """Those of its units its active assignments hold, (name, unit ids), sorted by name."""
-    usage: Usage | None = None
-    """What its command jobs used together lately; None: no sample in the last minute."""
-
-
-@attrs.frozen(kw_only=True)
-class ClusterStatus:
-    """The cluster at a glance (``Client.status``)."""
-
-    leader: str | None
-    """The leading control plane's id; None while none leads."""
-    epoch: int
-    """The current lease epoch (0 before any leader)."""
-    answered_by: str
-    """The id of the control plane that answered."""
-    control_planes: tuple[ControlPlane, ...]
-    workers: tuple[Worker, ...]
-    """Every worker that ever registered."""
-    job_counts: tuple[tuple[str, int], ...]
-    """Jobs per state (state, count), every state, in the control plane's order."""
-    unschedulable: tuple[Job, ...]
-    """Pending jobs no live worker can hold, with the reason."""
-    heartbeat_interval_s: float | None = None
-    """The heartbeat interval the cluster tells its workers now (None: not said)."""
-    dead_after_s: float | None = None
-    """How long a silent worker goes before it is declared dead now, in seconds (None: not said)."""
-    heartbeat_policy: str = ""
-    """Why that interval: the leader's choice from the cluster's size and the measured cost of a
-    heartbeat, or the control planes' settings."""
-
-    def job_count(self, state: str) -> int:
-        """How many jobs are in ``state``."""
-        return sum(count for name, count in self.job_counts if name == state)
-
-
-@attrs.frozen(kw_only=True)
 class LogChunk:
     """A piece of a job's output (``Client.logs``), in order, as the job wrote it."""
 
@@ -358,39 +256,9 @@ class LogChunk:
 # ---------------------------------------------------------------------------- from the wire
 
 
-def _none_if_zero(value: float) -> float | None:
-    return float(value) if value else None
-
-
-R = TypeVar("R")
-
-_FROM_WIRE: dict[str, Callable[[Any], Any]] = {  # zero or empty is None where None may be
-    "int": int,
-    "float": float,
-    "bool": bool,
-    "str": str,
-    "bytes": bytes,
-    "int | None": lambda value: int(value) or None,
-    "float | None": _none_if_zero,
-    "str | None": lambda value: value or None,
-    "tuple[int, ...]": _ints,
-}
-
-
-def _from_pb(cls: type[R], message: Any, **given: Any) -> R:
-    """``cls`` from ``message``'s fields of the same names (:data:`_FROM_WIRE`), but ``given``."""
-    fields = attrs.fields(cls)  # type: ignore[arg-type]
-    read = {f.name: _FROM_WIRE[f.type](getattr(message, f.name)) for f in fields if f.name not in given}
-    return cls(**read, **given)
-
-
-def _exit_code(message: Any) -> int | None:
-    return int(message.exit_code) if message.has_exit_code else None
-
-
 def attempt_from_pb(message: pb.Attempt) -> Attempt:
     """An ``Attempt`` message as an :class:`Attempt`."""
-    return _from_pb(Attempt, message, exit_code=_exit_code(message), units=_units(message.units))
+    return from_pb(Attempt, message, exit_code=exit_code(message), units=units(message.units))
 
 
 def job_from_pb(message: pb.JobInfo) -> Job:
@@ -398,66 +266,30 @@ def job_from_pb(message: pb.JobInfo) -> Job:
     with two runtimes has none, rather than failing the whole reply)."""
     from runtime.wire_jobs import job_spec_from_pb
 
-    return _from_pb(
+    return from_pb(
         Job,
         message,
         spec=None if message.spec is None else job_spec_from_pb(message.spec, strict=False),
-        exit_code=_exit_code(message),
+        exit_code=exit_code(message),
         array_index=int(message.array_index) if message.array_id else None,
         array_counts=tuple((c.state, int(c.count)) for c in message.array_counts),
         attempt_history=tuple(attempt_from_pb(a) for a in message.attempt_history),
-        gang=None if message.gang is None else _from_pb(JobGang, message.gang),
+        gang=None if message.gang is None else from_pb(JobGang, message.gang),
         usage=usage_from_pb(message.usage),
     )
 
 
 def history_from_pb(message: pb.GetJobEventsReply) -> JobHistory:
     """A ``GetJobEventsReply`` as a :class:`JobHistory`."""
-    events = tuple(_from_pb(JobEvent, e, exit_code=_exit_code(e)) for e in message.events)
+    events = tuple(from_pb(JobEvent, e, exit_code=exit_code(e)) for e in message.events)
     return JobHistory(job_id=int(message.job_id), state=message.state, events=events)
-
-
-def worker_from_pb(message: pb.WorkerInfo) -> Worker:
-    """A ``WorkerInfo`` message as a :class:`Worker`."""
-    return _from_pb(
-        Worker,
-        message,
-        labels=tuple(sorted(message.labels.items())),
-        resources=_units(message.resources),
-        resources_in_use=_units(message.resources_in_use),
-        usage=usage_from_pb(message.usage),
-    )
-
-
-def usage_from_pb(message: pb.UsageNow | None) -> Usage | None:
-    """A ``UsageNow`` message as a :class:`Usage`; None: none said."""
-    return None if message is None else _from_pb(Usage, message)
-
-
-def _units(held: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """``ResourceUnits`` messages as (name, unit ids) pairs, sorted by name."""
-    return tuple(sorted((u.name, tuple(u.units)) for u in held))
-
-
-def status_from_pb(message: pb.StatusReply) -> ClusterStatus:
-    """A ``StatusReply`` as a :class:`ClusterStatus`."""
-    return _from_pb(
-        ClusterStatus,
-        message,
-        control_planes=tuple(_from_pb(ControlPlane, cp) for cp in message.control_planes),
-        workers=tuple(worker_from_pb(w) for w in message.workers),
-        job_counts=tuple((c.state, int(c.count)) for c in message.jobs),
-        unschedulable=tuple(job_from_pb(j) for j in message.unschedulable),
-        heartbeat_interval_s=message.heartbeat_interval_ms / 1000 if message.heartbeat_interval_ms else None,
-        dead_after_s=message.dead_after_ms / 1000 if message.dead_after_ms else None,
-    )
 
 
 def cancel_from_pb(job_id: int, message: pb.CancelJobReply) -> CancelOutcome:
     """A ``CancelJobReply`` to a cancel of ``job_id`` as a :class:`CancelOutcome`."""
-    return _from_pb(CancelOutcome, message, job_id=job_id)
+    return from_pb(CancelOutcome, message, job_id=job_id)
 
 
 def chunk_from_pb(message: pb.LogChunk) -> LogChunk:
     """A ``LogChunk`` message as a :class:`LogChunk`."""
-    return _from_pb(LogChunk, message, cut_run=None)
+    return from_pb(LogChunk, message, cut_run=None)

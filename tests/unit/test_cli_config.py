@@ -305,3 +305,54 @@ def test_commands_on_the_local_clusters_files_find_it_from_another_folder(home: 
     assert recorded_local_state().root == state.root
     here = recorded_cluster(Path(".stockade").absolute(), 7601)
     assert recorded_local_state().root == here.root
+
+
+def test_a_client_reads_the_local_clusters_metrics_as_the_launcher_records_them(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``status``'s metrics column, read from cluster.json without the launcher's classes,
+    names what :class:`ClusterConfig` names: each process's, and a fleet's for its workers;
+    another cluster's addresses find nothing, and an HA cluster's ``hadb/`` is named."""
+    from ops.cli.common import local_ha_db_dir, local_metrics
+
+    root = home / "state"
+    monkeypatch.setenv("STOCKADE_STATE_DIR", str(root))
+    processes = [
+        ProcessSpec(
+            id="cp-1", kind="cp", address="127.0.0.1:7001", args=("cp",), metrics_address="127.0.0.1:9001"
+        ),
+        ProcessSpec(id="cp-2", kind="cp", address="127.0.0.1:7002", args=("cp",)),
+        ProcessSpec(
+            id="w-1",
+            kind="agent",
+            address="127.0.0.1:7101",
+            args=("agent",),
+            metrics_address="127.0.0.1:9101",
+        ),
+        ProcessSpec(
+            id="fleet-1", kind="fleet", address="", args=("fleet",), metrics_address="127.0.0.1:9201"
+        ),
+    ]
+    hosted = [
+        WorkerSpec(
+            id=f"w-{n}", address=f"127.0.0.1:71{n:02}", cpu_millis=1000, memory_mb=512, process_id="fleet-1"
+        )
+        for n in (2, 3)
+    ]
+    recorded = ClusterConfig(
+        database_url="postgresql://nowhere/db",
+        embedded_pg_port=None,
+        processes=processes,
+        hosted_workers=hosted,
+        ha_db=True,
+    )
+    StateDir(root).save(recorded)
+    expected = recorded.metrics_addresses()
+    for worker in recorded.workers:
+        expected.setdefault(worker.id, expected.get(worker.process_id, ""))
+    expected = {k: v for k, v in expected.items() if v}
+    assert local_metrics(["127.0.0.1:7002", "127.0.0.1:7001"]) == expected
+    assert expected["w-3"] == "127.0.0.1:9201"
+    assert local_ha_db_dir(["127.0.0.1:7001", "127.0.0.1:7002"]) == StateDir(root).hadb_dir
+    assert local_metrics(["127.0.0.1:7001"]) == {}
+    assert local_ha_db_dir(["127.0.0.1:7001"]) is None

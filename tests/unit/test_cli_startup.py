@@ -436,6 +436,15 @@ def test_the_hot_commands_load_neither_typer_nor_trio(
     assert under(done.modules, NEVER) == []
 
 
+def test_status_loads_the_classes_it_shows_and_no_others(fake_control_plane: FakeControlPlane) -> None:
+    """``stockade status`` of a cluster with nothing unschedulable loads the status results, not
+    the job results, the launcher's record classes or rich's table of emoji codes."""
+    done = ran("status", "--control-planes", fake_control_plane.address)
+    assert done.code == 0, done.stderr
+    assert "ops.client.status_results" in done.modules
+    assert under(done.modules, ("ops.client.results", "ops.launcher", "rich._emoji_codes")) == []
+
+
 def test_the_fast_layers_routes_are_the_services() -> None:
     """The gRPC paths :mod:`ops.cli.fast` calls are the ControlPlane service's Status and
     SubmitJob, with the reply types the generated service gives them."""
