@@ -42,6 +42,11 @@ LOCAL_TABLE = "local"
 CLUSTER_FILE = "cluster.json"
 """The file of a state folder that records its cluster (written by :mod:`ops.cluster`)."""
 
+DEFAULT_TIMEOUT_S = 2.0
+"""Deadline of one call to one control plane, in seconds (``stockade``'s; the default of
+:attr:`ops.client.settings.ClientSettings.timeout_s`, kept here for the hot commands, which
+do not load the settings class)."""
+
 
 class ClusterError(StockadeError):
     """The local cluster could not be started, found or stopped; the message says what to do."""

@@ -51,10 +51,12 @@ def finish(cls: T) -> T:
         if type(cls) is _Unfinished:
             unfinished: Any = cls
             undocumented = cls.__doc__ is None
+            if undocumented:  # written below, once the signature is the finished class's
+                cls.__doc__ = cls.__name__
             dataclasses.dataclass(**unfinished._dataclass_options)(cls)
             unfinished.__class__ = ABCMeta
             del unfinished._dataclass_options
-            if undocumented:  # as the decorator writes it, from the signature of the finished class
+            if undocumented:  # as the decorator writes it
                 cls.__doc__ = cls.__name__ + str(inspect.signature(cls)).replace(" -> None", "")
     return cls
 

@@ -363,8 +363,7 @@ def _answer(
     import grpclib.config
     import grpclib.const
 
-    from ops.client.settings import DEFAULT_TIMEOUT_S
-    from ops.config import resolve_client_tls
+    from ops.config import DEFAULT_TIMEOUT_S, resolve_client_tls
     from runtime.identifiers import parse_address, parse_addresses
     from runtime.tls import ANY_CONTROL_PLANE, ClientTls
 

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 
 import attrs
 
+from ops.config import DEFAULT_TIMEOUT_S
 from runtime.errors import InvalidArgument
 from runtime.tls import TlsFiles
 
-DEFAULT_TIMEOUT_S = 2.0
-"""Deadline of one call to one control plane, in seconds (``stockade``'s)."""
+__all__ = ["DEFAULT_BUSY_RETRY_S", "DEFAULT_TIMEOUT_S", "ClientSettings"]
 DEFAULT_BUSY_RETRY_S = 30.0
 """How long one call keeps asking again, backing off, while every control plane answers busy,
 in seconds (``stockade``'s)."""
