@@ -217,12 +217,17 @@ async def run_control_plane(
     if console is not None:
         # On a loop of its own: rendering a page never delays a placer round.
         actors.append(("console", partial(run_on_own_loop, OwnLoop("console"), console.run)))
+    # The replica can do without its console: a page that keeps crashing it (a bug a request
+    # can reach) never takes the lease or the ingest down with it.
+    inessential = {"console"}
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(main_lag.run)
             nursery.start_soon((gc_pauses or GcPauses()).run)
             for name, run in actors:
-                await nursery.start(partial(supervise, name, run, policy=policy))
+                await nursery.start(
+                    partial(supervise, name, run, policy=policy, essential=name not in inessential)
+                )
             log.get("control_plane").info("control plane up", cp_id=settings.cp_id, address=ingest.address)
             task_status.started(
                 ControlPlaneHandle(cp_id=settings.cp_id, address=ingest.address, placer=placer)

@@ -3,7 +3,10 @@
 Follows the Erlang/OTP restart-intensity rule (at most ``max_restarts`` within ``window_s``
 seconds, else the supervisor itself fails; OTP design principles, "Supervisor Behaviour") with
 kopf's capped exponential backoff between attempts. Cancellation and other ``BaseException``
-always propagate; :class:`runtime.errors.PermanentError` is never retried.
+always propagate; :class:`runtime.errors.PermanentError` is never retried. An actor the process
+can do without (``essential=False``: the web console) never takes it down once it has started:
+past the restart intensity it rests a window and starts again (OTP's "temporary" children are
+never restarted; a console should come back).
 """
 
 from __future__ import annotations
@@ -63,14 +66,21 @@ async def supervise(
     actor: ActorFn,
     *,
     policy: RestartPolicy = RestartPolicy(),
+    essential: bool = True,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``actor`` (``await nursery.start(actor)``) and restart it when it crashes;
     ``task_status.started()`` once its first start succeeded; returns when it returns.
 
+    Args:
+        essential: False for an actor the process can do without: once it has started, more
+            crashes than ``policy`` allows make it rest ``policy.window_s`` seconds (logged as
+            an error) and start again, with its crash count cleared, instead of giving up.
+
     Raises:
         ActorGaveUp: the actor crashed more than ``policy.max_restarts`` times within
-            ``policy.window_s``, or with a PermanentError; the cause is in ``__cause__``.
+            ``policy.window_s`` (an essential one, or one whose first start never succeeded),
+            or with a PermanentError; the cause is in ``__cause__``.
     """
     logger = log.get(name)
     crashes: deque[float] = deque()
@@ -94,11 +104,23 @@ async def supervise(
             crashes.append(now)
             while crashes and crashes[0] < now - policy.window_s:
                 crashes.popleft()
-            if len(crashes) > policy.max_restarts:
+            if len(crashes) > policy.max_restarts and (essential or not signalled):
                 logger.error("actor gave up", crashes=len(crashes), window_s=policy.window_s, error=repr(exc))
                 raise ActorGaveUp(
                     f"{name} crashed {len(crashes)} times in {policy.window_s:g} s; last: {exc!r}"
                 ) from exc
+            if len(crashes) > policy.max_restarts:
+                logger.error(
+                    "actor keeps crashing; the process goes on without it for a while",
+                    crashes=len(crashes),
+                    window_s=policy.window_s,
+                    restart_in_s=policy.window_s,
+                    error=repr(exc),
+                )
+                crashes.clear()
+                delay_s = policy.backoff_initial_s
+                await trio.sleep(policy.window_s)
+                continue
             if now - started_at > policy.window_s:
                 delay_s = policy.backoff_initial_s
             wait_s = max(delay_s, _retry_after(exc))

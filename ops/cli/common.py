@@ -65,13 +65,16 @@ _PIPED_WIDTH = 120
 
 
 def _console(*, stderr: bool = False) -> Console:
-    """A console that prints what it is given as it is: no highlighting, and no emoji codes
-    (a job named ``:fire:`` keeps its name; rich would also load its table of 4,000 codes)."""
+    """A console that prints what it is given as it is: no markup, highlighting or emoji codes.
+    A job named ``a[/]`` or a command ``ls [abc]`` is text (rich would read ``[/]`` as a markup
+    tag with nothing to close and fail the command), ``:fire:`` keeps its name (and rich does
+    not load its table of 4,000 codes); styles are given as rich's ``Text`` and ``style=``."""
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
     piped = not stream.isatty() and "COLUMNS" not in os.environ
-    return Console(stderr=stderr, highlight=False, emoji=False, width=_PIPED_WIDTH if piped else None)
+    width = _PIPED_WIDTH if piped else None
+    return Console(stderr=stderr, markup=False, highlight=False, emoji=False, width=width)
 
 
 @functools.cache

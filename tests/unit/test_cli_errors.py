@@ -321,3 +321,24 @@ def test_an_agent_given_no_control_plane_address_says_what_was_typed(tmp_path: P
     assert lines(result.output) == [
         f"error: --control-planes must name at least one host:port, e.g. 127.0.0.1:7100, got {given!r}"
     ]
+
+
+def test_names_and_commands_with_brackets_or_colons_print_as_they_are(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A job named ``a[/]``, ``[bold]x`` or ``:fire:`` shows as written in the CLI's tables:
+    rich would read ``[/]`` as a markup tag with nothing to close and fail the command."""
+    from rich.table import Table
+
+    from ops.cli.common import _console
+
+    names = ("a[/]", "[bold]x", ":fire:", "[fe80::1]:7000")
+    table = Table()
+    table.add_column("name")
+    for name in names:
+        table.add_row(name)
+    _console().print(table)
+    _console().print("sh -c '[ -f x ] && ls [/]'")
+    out = capsys.readouterr().out
+    assert all(name in out for name in names)
+    assert "sh -c '[ -f x ] && ls [/]'" in out

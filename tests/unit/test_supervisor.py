@@ -103,3 +103,36 @@ async def test_cancellation_propagates_and_is_not_restarted(autojump_clock: trio
     with trio.move_on_after(1.0):
         await supervise("steady", actor, policy=POLICY)
     assert starts == 1
+
+
+async def test_an_inessential_actor_that_keeps_crashing_rests_and_comes_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Past the limit, an actor the process can do without rests a window (30 s) and starts
+    again with its count cleared, instead of giving up; here it then runs."""
+    starts: list[float] = []
+
+    async def actor(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        starts.append(trio.current_time())
+        task_status.started()
+        if len(starts) <= 5:
+            raise Boom(f"crash {len(starts)}")
+        await trio.sleep(1.0)
+
+    await supervise("console", actor, policy=POLICY, essential=False)
+    # Four crashes 0.1, 0.2, 0.4 s apart, the fourth past max_restarts=3: 30 s of rest, then
+    # the fifth start crashes once more and the sixth runs (the backoff begins again at 0.1 s).
+    assert starts == pytest.approx([0.0, 0.1, 0.3, 0.7, 30.7, 30.8])
+
+
+async def test_an_inessential_actor_whose_first_start_never_succeeds_gives_up(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """One that crashes before it ever started still fails the process: a console that cannot
+    start (its port taken) is a misconfiguration, said at once."""
+
+    async def actor(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        raise Boom("cannot bind")
+
+    with pytest.raises(ActorGaveUp):
+        await supervise("console", actor, policy=POLICY, essential=False)
