@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -330,6 +330,11 @@ class _NoAnswer(Exception):
     """No control plane answered the fast path's call: the Typer command calls again."""
 
 
+STATUS_HEDGE_AFTER_S = 0.3
+"""How long ``status`` waits for a control plane's answer before it asks the next one too, in
+seconds: a frozen replica accepts connections and never answers, and status is a read any
+replica gives (a submit, a write, waits the per-replica timeout: :func:`_answer`)."""
+
 _STATUS_ROUTE = "/stockade.v1.ControlPlane/Status"
 _SUBMIT_JOB_ROUTE = "/stockade.v1.ControlPlane/SubmitJob"
 """The ControlPlane methods this layer calls, by their gRPC path (``stockade.proto``)."""
@@ -341,12 +346,16 @@ def _answer(
     request: Any,
     reply_type: type[Any],
     meanwhile: Callable[[], object] | None = None,
+    hedge_after_s: float | None = None,
 ) -> Any:
     """The reply (a ``reply_type``) of the unary ControlPlane method at gRPC path ``route`` over
     asyncio, with the certificate a client command presents, from the first of ``addresses``
     that answers, asked in the order the trio client asks them, each within its per-replica
     timeout; one that refuses the connection or stays silent is left for the next, as that
-    client leaves it.
+    client leaves it. With ``hedge_after_s`` (a read any replica answers), each time that long
+    passes without an answer the next replica is asked too, and the first answer is taken
+    (:func:`_first_answer`): a frozen replica, which accepts connections and never answers,
+    costs ``hedge_after_s``, not the per-replica timeout.
 
     The call is made as the generated stub makes it; ``meanwhile`` is called once, when the
     first request has been sent, to do the command's own work (its imports) while the control
@@ -407,7 +416,53 @@ def _answer(
                 continue
         raise _NoAnswer(addresses)
 
+    if hedge_after_s is not None:
+        calls = [functools.partial(call, address) for address in addresses]
+        return asyncio.run(_first_answer(calls, hedge_after_s, addresses))
     return asyncio.run(walk())
+
+
+async def _first_answer(
+    calls: Sequence[Callable[[], Awaitable[Any]]], hedge_after_s: float, said: object
+) -> Any:
+    """The first result of ``calls``, started in order: the next whenever ``hedge_after_s``
+    passes with no call ended, or when one fails with an OSError or TimeoutError (refused,
+    unreachable, silent past its timeout); the others are cancelled once one answers.
+
+    Raises:
+        _NoAnswer: every call failed so (naming ``said``).
+        ssl.SSLError, or any other error a call raises: at once, as the sequential walk does.
+    """
+    import asyncio
+    import ssl
+
+    waiting = iter(calls)
+    running: set[asyncio.Task[Any]] = set()
+
+    def start_next() -> None:
+        call = next(waiting, None)
+        if call is not None:
+            running.add(asyncio.ensure_future(call()))
+
+    start_next()
+    try:
+        while running:
+            ended, _ = await asyncio.wait(running, timeout=hedge_after_s, return_when=asyncio.FIRST_COMPLETED)
+            if not ended:
+                start_next()  # no answer yet: ask the next one too
+            for task in ended:
+                running.discard(task)
+                error = task.exception()
+                if error is None:
+                    return task.result()
+                if isinstance(error, ssl.SSLError) or not isinstance(error, TimeoutError | OSError):
+                    raise error
+                start_next()
+        raise _NoAnswer(said)
+    finally:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
 
 
 def _prepare_status_view(addresses: list[str], as_json: bool) -> dict[str, str]:
@@ -437,7 +492,14 @@ def _status(args: Sequence[str]) -> int | None:
         pb = _protocol()
         addresses = control_plane_addresses(options["control_planes"])
         view = functools.cache(functools.partial(_prepare_status_view, addresses, options["as_json"]))
-        answer = _answer(addresses, _STATUS_ROUTE, pb.StatusRequest(), pb.StatusReply, meanwhile=view)
+        answer = _answer(
+            addresses,
+            _STATUS_ROUTE,
+            pb.StatusRequest(),
+            pb.StatusReply,
+            meanwhile=view,
+            hedge_after_s=STATUS_HEDGE_AFTER_S,
+        )
         from ops.client.status_results import status_from_pb
 
         reply = status_from_pb(answer)

@@ -583,3 +583,77 @@ def test_what_the_fast_layer_does_not_read_is_left_to_typer(args: list[str]) -> 
     kept = list(args)
     assert fast.run(kept) is None
     assert kept == args
+
+
+def _answers(*behaviours: str) -> tuple[list[Any], list[str]]:
+    """Calls for :func:`ops.cli.fast._first_answer`, one per behaviour (``silent``: never ends;
+    ``refused``: OSError at once; ``tls``: an SSL error; else answers that word), and the log of
+    what each did (``started X``, ``cancelled X``)."""
+    import asyncio
+    import ssl
+
+    log: list[str] = []
+
+    def make(behaviour: str, index: int) -> Any:
+        async def call() -> str:
+            name = f"{behaviour}{index}"
+            log.append(f"started {name}")
+            try:
+                if behaviour == "silent":
+                    await asyncio.Event().wait()
+                if behaviour == "refused":
+                    raise ConnectionRefusedError(name)
+                if behaviour == "tls":
+                    raise ssl.SSLError(name)
+                return name
+            except asyncio.CancelledError:
+                log.append(f"cancelled {name}")
+                raise
+
+        return call
+
+    return [make(b, i) for i, b in enumerate(behaviours)], log
+
+
+def test_status_asks_the_next_control_plane_while_a_silent_one_keeps_it_waiting() -> None:
+    """A replica that never answers (frozen: it accepts the connection, then nothing) holds the
+    status only until the hedge delay: the next one is asked too, its answer taken, and the
+    silent call cancelled. A refused one is passed at once; an SSL error is said at once; none
+    answering is said as no answer."""
+    import asyncio
+    import ssl
+
+    from ops.cli import fast
+
+    def first(*behaviours: str) -> tuple[Any, list[str]]:
+        calls, log = _answers(*behaviours)
+        result = asyncio.run(asyncio.wait_for(fast._first_answer(calls, 0.01, "them"), 30))
+        return result, log
+
+    assert first("silent", "ok") == ("ok1", ["started silent0", "started ok1", "cancelled silent0"])
+    assert first("refused", "silent", "ok") == (
+        "ok2",
+        ["started refused0", "started silent1", "started ok2", "cancelled silent1"],
+    )
+    with pytest.raises(ssl.SSLError):
+        asyncio.run(fast._first_answer(_answers("tls", "ok")[0], 10.0, "them"))
+    with pytest.raises(fast._NoAnswer):
+        asyncio.run(fast._first_answer(_answers("refused", "refused")[0], 10.0, "them"))
+
+
+def test_status_is_answered_past_a_control_plane_that_accepts_and_never_answers(
+    fake_control_plane: FakeControlPlane,
+) -> None:
+    """A first control plane that takes the connection and never answers (a listening socket
+    nobody accepts from, as a frozen replica's) leaves ``status`` to the next one, through the
+    fast layer still (no Typer, no trio)."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        first = f"127.0.0.1:{silent.getsockname()[1]}"
+        done = ran("status", "--json", "--control-planes", f"{first},{fake_control_plane.address}")
+    assert done.code == 0, done.stderr
+    assert json.loads(done.stdout)["leader"] == "cp-1"
+    assert under(done.modules, NOT_HOT) == []
