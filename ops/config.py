@@ -75,6 +75,59 @@ def user_config_path() -> Path:
     return root / "stockade" / "config.toml"
 
 
+ANSWERED_FILE = "answered.json"
+"""Beside the user config: for each set of control planes a client command called, the one that
+answered last when it was not the first asked (:func:`answered_first`)."""
+_ANSWERED_KEPT = 32
+"""How many sets of control planes :data:`ANSWERED_FILE` remembers (the newest)."""
+
+
+def answered_first(addresses: Sequence[str]) -> list[str]:
+    """``addresses`` with the one that last answered a client command of this user for that
+    same set first, when one is recorded (:func:`record_answered`); else as given. A frozen
+    replica accepts connections and never answers: without this, every command asks it first
+    and waits out its timeout. Never raises: an unreadable record is no record."""
+    ordered = list(addresses)
+    try:
+        recorded = json.loads((user_config_path().with_name(ANSWERED_FILE)).read_text())
+        answered = recorded.get(_answered_key(ordered))
+    except (OSError, ValueError, AttributeError):
+        return ordered
+    if isinstance(answered, str) and answered in ordered:
+        ordered.remove(answered)
+        ordered.insert(0, answered)
+    return ordered
+
+
+def record_answered(addresses: Sequence[str], answered: str) -> None:
+    """Record ``answered`` as the replica of ``addresses`` to ask first next time; nothing is
+    written when it is the first already. Never raises: the record only saves time."""
+    if not addresses or addresses[0] == answered:
+        return
+    path = user_config_path().with_name(ANSWERED_FILE)
+    try:
+        try:
+            recorded = json.loads(path.read_text())
+        except (OSError, ValueError):
+            recorded = {}
+        if not isinstance(recorded, dict):
+            recorded = {}
+        key = _answered_key(list(addresses))
+        recorded.pop(key, None)
+        recorded[key] = answered
+        kept = dict(list(recorded.items())[-_ANSWERED_KEPT:])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_name(f".{ANSWERED_FILE}.{os.getpid()}")
+        scratch.write_text(json.dumps(kept, indent=1) + "\n")
+        os.replace(scratch, path)
+    except OSError:
+        return
+
+
+def _answered_key(addresses: list[str]) -> str:
+    return ",".join(sorted(addresses))
+
+
 def parse_addresses(text: str) -> list[str]:
     """``"a:1, b:2"`` -> ``["a:1", "b:2"]`` (empty items dropped, items stripped).
 

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 from ops.config import (
     CONTROL_PLANES_ENV,
     ClusterError,
+    answered_first,
     default_state_dir,
     local_cluster_record,
+    record_answered,
     resolve_addresses,
     resolve_client_tls,
 )
@@ -290,8 +292,16 @@ def warn_insecure(what: str) -> None:
 
 client_tls = resolve_client_tls
 """The client certificate files a client command presents, or None for plaintext."""
-control_plane_addresses = resolve_addresses
-"""The control planes a client command calls: the option, else where :mod:`ops.config` says."""
+
+
+def control_plane_addresses(option: str | None) -> list[str]:
+    """The control planes a client command calls: the option, else where :mod:`ops.config`
+    says; the one that answered this user's last command first (:func:`ops.config.answered_first`).
+
+    Raises:
+        ClusterError, InvalidArgument: as :func:`ops.config.resolve_addresses`.
+    """
+    return answered_first(resolve_addresses(option))
 
 
 def with_client(addresses: list[str], body: Callable[[Client], Awaitable[T]]) -> T:
@@ -305,7 +315,10 @@ def with_client(addresses: list[str], body: Callable[[Client], Awaitable[T]]) ->
 
     async def main() -> T:
         async with Client.open(settings) as client:
-            return await body(client)
+            try:
+                return await body(client)
+            finally:
+                record_answered(addresses, client.last_answered)
 
     return trio.run(main)
 

@@ -372,7 +372,7 @@ def _answer(
     import grpclib.config
     import grpclib.const
 
-    from ops.config import DEFAULT_TIMEOUT_S, resolve_client_tls
+    from ops.config import DEFAULT_TIMEOUT_S, record_answered, resolve_client_tls
     from runtime.identifiers import parse_address, parse_addresses
     from runtime.tls import ANY_CONTROL_PLANE, ClientTls
 
@@ -394,6 +394,8 @@ def _answer(
             raise _NoAnswer(route)
         return reply
 
+    answered: list[str] = []
+
     async def call(address: str) -> Any:
         where = parse_address(address, field="address")
         if target is None:
@@ -402,9 +404,11 @@ def _answer(
             config = grpclib.config.Configuration(ssl_target_name_override=target.server_name)
             channel = grpclib.client.Channel(where.host, where.port, ssl=target.context, config=config)
         try:
-            return await asyncio.wait_for(ask(channel), DEFAULT_TIMEOUT_S + 0.5)
+            reply = await asyncio.wait_for(ask(channel), DEFAULT_TIMEOUT_S + 0.5)
         finally:
             channel.close()
+        answered.append(address)
+        return reply
 
     async def walk() -> Any:
         for address in addresses:
@@ -418,8 +422,11 @@ def _answer(
 
     if hedge_after_s is not None:
         calls = [functools.partial(call, address) for address in addresses]
-        return asyncio.run(_first_answer(calls, hedge_after_s, addresses))
-    return asyncio.run(walk())
+        reply = asyncio.run(_first_answer(calls, hedge_after_s, addresses))
+    else:
+        reply = asyncio.run(walk())
+    record_answered(addresses, answered[0])  # the next command asks it first
+    return reply
 
 
 async def _first_answer(

@@ -38,8 +38,12 @@ def _bar(used: int, total: int, unit: str, width: int = 14) -> Text:
     text = Text()
     text.append("█" * filled, style=colour)
     text.append("░" * (width - filled), style="grey50")
-    text.append(f" {used}/{total}{unit}")
+    text.append(f"\n{used}/{total}{unit}")
     return text
+
+
+_WHOLE_COLUMNS = frozenset({"id", "cpu (millis)", "memory (MiB)", "labels", "metrics"})
+"""The status view's worker columns that are never wrapped to fit a narrow terminal."""
 
 
 def _job_ids(ids: list[int], limit: int = 10) -> str:
@@ -129,8 +133,11 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
         "jobs",
         *(("metrics",) if metrics else ()),
     ):
-        # Labels wrap at their commas rather than being cut (a narrow terminal).
-        workers.add_column(column, overflow="fold" if column == "labels" else "ellipsis")
+        # A narrow terminal wraps the state, usage and jobs at their spaces (and folds a word
+        # longer than its column rather than cut it); an id, a bar (its figures below it), the
+        # labels (one to a line) and an address are never wrapped, down to about 100 columns.
+        whole = column in _WHOLE_COLUMNS
+        workers.add_column(column, no_wrap=whole, overflow="ellipsis" if whole else "fold")
     for w in status.workers:
         state = Text(w.state, style={"alive": "green", "left": "yellow"}.get(w.state, "red"))
         schedule = worker_schedule(w)
@@ -143,7 +150,7 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
             state,
             _bar(w.cpu_allocated_millis, w.cpu_millis, ""),
             _bar(w.memory_allocated_mb, w.memory_mb, ""),
-            Text(", ".join(f"{k}={v}" for k, v in w.labels) or "-"),
+            Text("\n".join(f"{k}={v}" for k, v in w.labels) or "-"),
             *((Text(worker_devices(w)),) if any(x.resources for x in status.workers) else ()),
             *(
                 (Text(w.usage.describe() if w.usage else "-"),)

@@ -356,3 +356,23 @@ def test_a_client_reads_the_local_clusters_metrics_as_the_launcher_records_them(
     assert local_ha_db_dir(["127.0.0.1:7001", "127.0.0.1:7002"]) == StateDir(root).hadb_dir
     assert local_metrics(["127.0.0.1:7001"]) == {}
     assert local_ha_db_dir(["127.0.0.1:7001"]) is None
+
+
+def test_the_replica_that_answered_is_asked_first_next_time(home: Path) -> None:
+    """A command answered by another replica than the first it asked records it, beside the
+    user config, for that set of control planes only; the next command asks it first. A record
+    that cannot be read is no record, and an answer from the first replica writes nothing."""
+    first, second, third = "127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"
+    record = config.user_config_path().with_name(config.ANSWERED_FILE)
+    config.record_answered([first, second, third], first)
+    assert not record.exists()
+    config.record_answered([first, second, third], third)
+    assert config.answered_first([first, second, third]) == [third, first, second]
+    assert config.answered_first([second, third, first]) == [third, second, first]
+    assert config.answered_first([first, second]) == [first, second]  # another set
+    config.record_answered([third, first, second], second)
+    assert config.answered_first([first, second, third]) == [second, first, third]
+    record.write_text("{not json")
+    assert config.answered_first([first, second, third]) == [first, second, third]
+    config.record_answered([first, second, third], third)
+    assert config.answered_first([first, second, third]) == [third, first, second]

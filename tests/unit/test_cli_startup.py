@@ -646,14 +646,30 @@ def test_status_is_answered_past_a_control_plane_that_accepts_and_never_answers(
 ) -> None:
     """A first control plane that takes the connection and never answers (a listening socket
     nobody accepts from, as a frozen replica's) leaves ``status`` to the next one, through the
-    fast layer still (no Typer, no trio)."""
+    fast layer still (no Typer, no trio); the commands after it (``status``, ``submit``) ask
+    the one that answered first, and the silent one is not connected to again."""
     import socket
 
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
-        first = f"127.0.0.1:{silent.getsockname()[1]}"
-        done = ran("status", "--json", "--control-planes", f"{first},{fake_control_plane.address}")
-    assert done.code == 0, done.stderr
-    assert json.loads(done.stdout)["leader"] == "cp-1"
-    assert under(done.modules, NOT_HOT) == []
+        silent.setblocking(False)
+        addresses = f"127.0.0.1:{silent.getsockname()[1]},{fake_control_plane.address}"
+
+        def connections() -> int:
+            taken = 0
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    silent.accept()[0].close()
+                    taken += 1
+            return taken
+
+        done = ran("status", "--json", "--control-planes", addresses)
+        assert done.code == 0, done.stderr
+        assert json.loads(done.stdout)["leader"] == "cp-1"
+        assert under(done.modules, NOT_HOT) == []
+        assert connections() == 1
+        again = ran("status", "--json", "--control-planes", addresses)
+        submitted = ran(*submit_args(addresses))
+        assert (again.code, submitted.code, submitted.stdout) == (0, 0, "41\n")
+        assert connections() == 0

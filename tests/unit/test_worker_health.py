@@ -760,6 +760,30 @@ def test_status_shows_an_ipv6_address_as_it_is_not_as_markup() -> None:
     assert "[fe80::1]:7000" in console.export_text()
 
 
+@pytest.mark.parametrize("width", [100, 120, 160])
+def test_a_busy_workers_table_keeps_ids_bars_labels_and_addresses_whole(width: int) -> None:
+    """At 100 to 160 columns, with usage, a dozen jobs and metrics addresses, every label and
+    address is shown whole on a line of its own (rich folded them mid-word at 120, the width
+    of piped output, and cut addresses to ``127.0.0.1:318…``), and so is every bar."""
+    reply = status_reply()
+    labels = {"container": "docker", "resources": "cgroup1"}
+    usage = pb.UsageNow(cpu_millis=1930, memory_mb=41, age_s=3.0)
+    reply.workers = [
+        pb.WorkerInfo(
+            id=f"w-{n}", state="alive", cpu_millis=4000 * n, memory_mb=8192 * n,
+            cpu_allocated_millis=1500 * n, labels=labels, usage=usage,
+            job_ids=list(range(100 * n, 100 * n + 12)),
+        )
+        for n in range(1, 6)
+    ]  # fmt: skip
+    metrics = {f"w-{n}": f"127.0.0.1:3{n}869" for n in range(1, 6)}
+    console = Console(width=width, record=True)
+    console.print(render_status(status_from_pb(reply), metrics))
+    cells = [cell for line in console.export_text().splitlines() for cell in line.split()]
+    for whole in ("container=docker", "resources=cgroup1", *metrics.values(), "1500/4000", "█████░░░░░░░░░"):
+        assert whole in cells, (width, whole)
+
+
 def test_a_healthy_cluster_shows_no_unhealthy_table() -> None:
     """No worker marked: no "unhealthy workers" table."""
     reply = status_reply()
