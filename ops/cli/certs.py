@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ops.cli.base import command_group
-from ops.cli.common import EXIT_INVALID, EXIT_UNAVAILABLE, fail, shown_path
-from ops.config import default_state_dir
+from ops.cli.common import EXIT_INVALID, EXIT_UNAVAILABLE, fail, recorded_local_state, shown_path
+from ops.config import cluster_json_cert_dir, default_state_dir
 from runtime.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -26,12 +26,29 @@ certs_app = command_group(
 
 DirOption = Annotated[
     Path | None,
-    typer.Option("--dir", help="Folder of the CA and certificates (default: the state folder's certs/)."),
+    typer.Option(
+        "--dir",
+        help=(
+            "Folder of the CA and certificates (default: the state folder's certs/; issue: the "
+            "local cluster's, found as client commands find it)."
+        ),
+    ),
 ]
 
 
 def _cert_dir(option: Path | None) -> Path:
     return option if option is not None else default_state_dir() / "certs"
+
+
+def _issuing_dir(option: Path | None) -> Path:
+    """Where ``issue`` finds the CA: ``--dir``, else the certificates of the local cluster
+    client commands call (``./.stockade``'s, else the one the user config records, so that
+    it works from any folder, as they do), else the state folder's ``certs/``."""
+    if option is not None:
+        return option
+    state = recorded_local_state()
+    found, recorded = cluster_json_cert_dir(state.root)
+    return recorded if found and recorded is not None else state.root / "certs"
 
 
 def _issued_line(done: IssuedCert) -> str:
@@ -92,7 +109,7 @@ def certs_issue(
     try:
         worker_ids = [w.strip() for w in workers.split(",") if w.strip()]
         done = issue(
-            _cert_dir(directory), role=role, id=id, hosts=host or (), workers=worker_ids, account=account
+            _issuing_dir(directory), role=role, id=id, hosts=host or (), workers=worker_ids, account=account
         )
     except (InvalidArgument, CertificateAuthorityMissing, CertificateExists) as exc:
         fail(str(exc), EXIT_INVALID)

@@ -507,3 +507,21 @@ def test_an_unreachable_cluster_names_an_expired_client_certificate(
         )
     )
     assert "Likely why: the client certificate" in message and "operator.crt expired on" in message
+
+
+def test_cli_issue_finds_the_recorded_clusters_ca_from_any_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run from a folder that holds no cluster, ``certs issue`` writes into the CA folder of
+    the cluster the user config records (where client commands go), not ``./.stockade``."""
+    from ops.config import record_local_cluster
+
+    cluster = tmp_path / "cluster"
+    CliRunner().invoke(app, ["certs", "init", "--dir", str(cluster / "certs")])
+    (cluster / "cluster.json").write_text(f'{{"cert_dir": "{cluster / "certs"}", "processes": []}}')
+    record_local_cluster(cluster)
+    monkeypatch.setenv("STOCKADE_STATE_DIR", str(tmp_path / "elsewhere"))
+    result = CliRunner().invoke(app, ["certs", "issue", "--role", "user", "--id", "alice"])
+    assert result.exit_code == 0, result.output
+    assert (cluster / "certs" / "alice.crt").exists()
+    assert not (tmp_path / "elsewhere").exists()
