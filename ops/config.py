@@ -91,7 +91,7 @@ def answered_first(addresses: Sequence[str]) -> list[str]:
     try:
         recorded = json.loads((user_config_path().with_name(ANSWERED_FILE)).read_text())
         answered = recorded.get(_answered_key(ordered))
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return ordered
     if isinstance(answered, str) and answered in ordered:
         ordered.remove(answered)
@@ -108,7 +108,7 @@ def record_answered(addresses: Sequence[str], answered: str) -> None:
     try:
         try:
             recorded = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             recorded = {}
         if not isinstance(recorded, dict):
             recorded = {}
@@ -171,7 +171,7 @@ def read_cluster_file(path: Path, parse: Callable[[Any], T]) -> T | None:
         return None
     except OSError as exc:
         raise ClusterError(f"cannot read {path}: {exc.strerror}") from exc
-    except (ValueError, KeyError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:  # UnicodeDecodeError: a ValueError
         raise ClusterError(
             f"{path} is not a Stockade cluster file ({exc}); remove it and run up again"
         ) from exc
@@ -268,7 +268,7 @@ def local_cluster_record(addresses: Sequence[str]) -> tuple[Path, dict[str, Any]
         try:
             record = json.loads((folder / CLUSTER_FILE).read_text())
             recorded = {str(p["address"]) for p in record["processes"] if p["kind"] == "cp"}
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             continue
         if recorded == wanted:
             return folder, record
@@ -326,7 +326,7 @@ def cluster_json_cert_dir(state_dir: Path) -> tuple[bool, Path | None]:
     cluster runs with ``--insecure`` (or was made before clusters had certificates)."""
     try:
         data = json.loads((state_dir / CLUSTER_FILE).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False, None
     if not isinstance(data, dict):
         return False, None

@@ -46,8 +46,17 @@ class _Unfinished(ABCMeta):
 
 def finish(cls: T) -> T:
     """Run the standard decorator on ``cls`` (with the options :func:`dataclass` was given) if
-    it has not run yet, and return ``cls``; safe from several threads at once."""
+    it has not run yet, and return ``cls``; safe from several threads at once. A subclass of an
+    unfinished class has its bases finished instead."""
     with _FINISHING:
+        if type(cls) is _Unfinished and "_dataclass_options" not in vars(cls):
+            # A class made from an unfinished message (a subclass, not deferred itself): its
+            # bases are finished, and it inherits what they become.
+            for base in cls.__mro__[1:]:
+                if type(base) is _Unfinished:
+                    finish(base)
+            derived: Any = cls
+            derived.__class__ = ABCMeta
         if type(cls) is _Unfinished:
             unfinished: Any = cls
             undocumented = cls.__doc__ is None

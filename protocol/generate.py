@@ -115,15 +115,15 @@ def split_service_bases(module: Path) -> None:
 def defer_dataclasses(module: Path) -> None:
     """Make the generated ``module`` take its ``dataclass`` decorator from
     :mod:`protocol.deferred` at run time (type checkers still see the standard one), so each
-    message becomes a dataclass when it is first used. A module without dataclasses is left as
-    it is.
+    message becomes a dataclass when it is first used. A module without dataclasses, or one
+    deferred already, is left as it is.
 
     Raises:
         ValueError: the module imports the decorator but has no ``if TYPE_CHECKING:`` block of
             imports to put the standard one in.
     """
     text = module.read_text()
-    if _DATACLASS_IMPORT not in text:
+    if _DATACLASS_IMPORT not in text or "from protocol.deferred import dataclass" in text:
         return
     block = _TYPE_CHECKING_BLOCK.search(text)
     if block is None:

@@ -96,10 +96,12 @@ class Console:
         config.loglevel = "WARNING"
         config.errorlog = logging.getLogger("hypercorn.error")
         config.graceful_timeout = 0.5
-        # HTTP/1.1 only: hypercorn 0.18's HTTP/2 raises KeyError out of serve() on body data for
-        # a stream it has already answered (a refusal sent before a large body was read), which
-        # crashed the console, and crashed often enough, the replica. Pages need no HTTP/2.
+        # HTTP/1.1 only: hypercorn 0.18's HTTP/2 raises out of serve() (KeyError on body data for
+        # a stream it has already answered, an error on a malformed HTTP2-Settings header), which
+        # crashed the console. Pages need no HTTP/2: none is offered by ALPN, and no connection
+        # is switched to it by an upgrade or its preface (_http_1_1_only).
         config.alpn_protocols = ["http/1.1"]
+        _http_1_1_only()
         tokens = None
         if self.tls is not None:
             self.tls.check()
@@ -164,3 +166,27 @@ class Console:
 
 async def _sample_reads(conn: Any) -> tuple[Any, Any]:
     return await conn.fetchrow(q.CONSOLE_PACKING_SAMPLE), await conn.fetch(q.CONSOLE_URLS)
+
+
+def _http_1_1_only() -> None:
+    """Keep every console connection on HTTP/1.1, whatever the client sends.
+
+    Hypercorn 0.18 switches an HTTP/1.1 connection to HTTP/2 when a request asks to upgrade
+    (``Upgrade: h2c``, after answering 101) or when the connection opens with HTTP/2's preface,
+    whatever ALPN negotiated (``hypercorn.protocol.h11.H11Protocol._check_protocol``). Its
+    HTTP/2 side can raise out of ``serve()``, and one request then crashed the console. This
+    makes that check a no-op: the upgrade is ignored and the request answered in HTTP/1.1, as
+    a server may (RFC 9110, 7.8), and a preface is read as an HTTP/1.1 request, which is
+    refused. Applied once; a hypercorn without the method is left as it is (the console tests
+    then fail on the upgrade).
+    """
+    from hypercorn.protocol.h11 import H11Protocol
+
+    if getattr(H11Protocol, "_stockade_http_1_1_only", False) or not hasattr(H11Protocol, "_check_protocol"):
+        return
+
+    async def stay_on_http_1_1(self: Any, event: Any) -> None:
+        return None
+
+    H11Protocol._check_protocol = stay_on_http_1_1  # type: ignore[method-assign]
+    H11Protocol._stockade_http_1_1_only = True  # type: ignore[attr-defined]

@@ -167,8 +167,8 @@ async def test_the_console_speaks_http_1_1_and_outlives_bodies_it_refused_unread
     database_url: str, certs: Path
 ) -> None:
     """A client offering HTTP/2 gets HTTP/1.1 (hypercorn's HTTP/2 crashed the console on body
-    data of a stream it had answered); requests whose large bodies were refused unread leave the
-    console serving."""
+    data of a stream it had answered), and so does one asking to upgrade to it or opening with
+    its preface; requests whose large bodies were refused unread leave the console serving."""
     alices, _ = await seed_alice_and_bob(database_url)
     path = f"/action/jobs/{alices}/cancel"
     async with console_on(database_url, tls=TlsFiles.in_dir(certs, "cp-1")) as console:
@@ -182,6 +182,32 @@ async def test_the_console_speaks_http_1_1_and_outlives_bodies_it_refused_unread
                 return tls.selected_alpn_protocol()
 
         assert await trio.to_thread.run_sync(negotiated) == "http/1.1"
+
+        def sent_raw(data: bytes) -> bytes:
+            """What the console answers ``data`` sent on a fresh TLS connection, until it closes
+            or is quiet for 2 s."""
+            context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+            context.check_hostname = False
+            raw = socket.create_connection(("127.0.0.1", console.http_port), timeout=10)
+            with context.wrap_socket(raw) as tls:
+                tls.sendall(data)
+                tls.settimeout(2.0)
+                answer = b""
+                with contextlib.suppress(OSError):
+                    while chunk := tls.recv(65536):
+                        answer += chunk
+                return answer
+
+        # An h2c upgrade with a malformed HTTP2-Settings header, and HTTP/2's preface with a
+        # frame: each once crashed the console (hypercorn switched to HTTP/2 regardless of ALPN).
+        upgrade = (
+            b"GET /part HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+            b"Upgrade: h2c\r\nHTTP2-Settings: A\r\n\r\n"
+        )
+        answered = await trio.to_thread.run_sync(sent_raw, upgrade)
+        assert answered.startswith(b"HTTP/1.1 ") and not answered.startswith(b"HTTP/1.1 101")
+        preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
+        assert not (await trio.to_thread.run_sync(sent_raw, preface)).startswith(b"HTTP/1.1 101")
         headers = {**bearer(certs, "viewer"), "Origin": console.url, "X-Stockade-Action": "1"}
         for _ in range(8):
             with contextlib.suppress(OSError, http.client.HTTPException):

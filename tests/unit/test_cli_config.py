@@ -376,3 +376,20 @@ def test_the_replica_that_answered_is_asked_first_next_time(home: Path) -> None:
     assert config.answered_first([first, second, third]) == [first, second, third]
     config.record_answered([first, second, third], third)
     assert config.answered_first([first, second, third]) == [third, first, second]
+
+
+def test_a_cluster_file_nested_past_the_recursion_limit_is_no_record(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster.json of 100,000 nested lists (Python's json gives up with RecursionError) is
+    said to be no cluster file, and is no local cluster for metrics or certificates."""
+    from ops.cli.common import local_metrics
+
+    root = home / "state"
+    root.mkdir()
+    (root / "cluster.json").write_text("[" * 100_000)
+    monkeypatch.setenv("STOCKADE_STATE_DIR", str(root))
+    with pytest.raises(ClusterError, match="not a Stockade cluster file"):
+        resolve_addresses(None)
+    assert config.cluster_json_cert_dir(root) == (False, None)
+    assert local_metrics(["127.0.0.1:7001"]) == {}

@@ -116,3 +116,28 @@ def test_importing_the_protocol_finishes_none_of_its_messages() -> None:
     total, unfinished = map(int, out.split())
     assert total > 60
     assert unfinished == total
+
+
+def test_a_subclass_of_an_unfinished_message_is_built_as_one_of_a_finished_one() -> None:
+    """A plain subclass, and one made a dataclass itself, of a message not used yet: each is
+    built, encodes and compares as before the deferral (its base is finished first)."""
+    parent, other = make("Parent"), make("Other")
+
+    class Plain(parent):  # type: ignore[misc, valid-type]
+        pass
+
+    @dataclasses.dataclass(eq=False, repr=False)
+    class Made(other):  # type: ignore[misc, valid-type]
+        pass
+
+    assert type(parent) is not ABCMeta
+    assert dataclasses.is_dataclass(Plain)
+    for cls in (Plain, Made, Plain, Made):
+        made = cls(name="x", tags=["t"])
+        assert (made.name, made.tags, type(cls)) == ("x", ["t"], ABCMeta)
+    assert type(parent) is ABCMeta and type(other) is ABCMeta
+
+    class Request(pb.GetJobRequest):
+        pass
+
+    assert Request.FromString(bytes(Request(job_id=5))).job_id == 5
