@@ -184,11 +184,14 @@ def cluster_json_addresses(state_dir: Path) -> list[str] | None:
     Raises:
         ClusterError: cluster.json exists but cannot be read.
     """
-    addresses = read_cluster_file(
-        state_dir / CLUSTER_FILE,
-        lambda recorded: [str(p["address"]) for p in recorded["processes"] if p["kind"] == "cp"],
-    )
+    addresses = read_cluster_file(state_dir / CLUSTER_FILE, _control_planes_in)
     return addresses or None
+
+
+def _control_planes_in(record: Any) -> list[str]:
+    """The control-plane addresses a cluster.json (as read) records; KeyError or TypeError
+    when it is not one."""
+    return [str(p["address"]) for p in record["processes"] if p["kind"] == "cp"]
 
 
 def _load_user_config(path: Path) -> dict[str, Any]:
@@ -258,20 +261,18 @@ def local_cluster_record(addresses: Sequence[str]) -> tuple[Path, dict[str, Any]
     whose control planes are ``addresses``, looked for in :func:`local_state_dirs`; None when
     none is, or its record cannot be read. Read without the launcher's classes
     (:class:`ops.launcher.state.ClusterConfig`), which a client command need not load."""
-    wanted = set(addresses)
-    folders = local_state_dirs()
-    while True:
-        try:
-            folder = next(folders)
-        except (StopIteration, StockadeError):  # StockadeError: the user config is unreadable
-            return None
-        try:
-            record = json.loads((folder / CLUSTER_FILE).read_text())
-            recorded = {str(p["address"]) for p in record["processes"] if p["kind"] == "cp"}
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
-            continue
-        if recorded == wanted:
-            return folder, record
+    try:
+        for folder in local_state_dirs():
+            try:
+                record = json.loads((folder / CLUSTER_FILE).read_text())
+                recorded = _control_planes_in(record)
+            except (OSError, ValueError, KeyError, TypeError, RecursionError):
+                continue
+            if set(recorded) == set(addresses):
+                return folder, record
+    except StockadeError:  # the user config, which names another folder, is unreadable
+        pass
+    return None
 
 
 def resolve_addresses(option: str | None, state_dir: Path | None = None) -> list[str]:

@@ -366,7 +366,6 @@ def _answer(
             failed); anything else a replica said or the call met (that command says it).
     """
     import asyncio
-    import ssl
 
     import grpclib.client
     import grpclib.config
@@ -410,35 +409,23 @@ def _answer(
         answered.append(address)
         return reply
 
-    async def walk() -> Any:
-        for address in addresses:
-            try:
-                return await call(address)
-            except ssl.SSLError:
-                raise
-            except (TimeoutError, OSError):  # silent, refused or unreachable: the next one
-                continue
-        raise _NoAnswer(addresses)
-
-    if hedge_after_s is not None:
-        calls = [functools.partial(call, address) for address in addresses]
-        reply = asyncio.run(_first_answer(calls, hedge_after_s, addresses))
-    else:
-        reply = asyncio.run(walk())
+    calls = [functools.partial(call, address) for address in addresses]
+    reply = asyncio.run(_first_answer(calls, hedge_after_s, addresses))
     record_answered(addresses, answered[0])  # the next command asks it first
     return reply
 
 
 async def _first_answer(
-    calls: Sequence[Callable[[], Awaitable[Any]]], hedge_after_s: float, said: object
+    calls: Sequence[Callable[[], Awaitable[Any]]], hedge_after_s: float | None, said: object
 ) -> Any:
-    """The first result of ``calls``, started in order: the next whenever ``hedge_after_s``
-    passes with no call ended, or when one fails with an OSError or TimeoutError (refused,
-    unreachable, silent past its timeout); the others are cancelled once one answers.
+    """The first result of ``calls``, started in order: the next when one fails with an
+    OSError or TimeoutError (refused, unreachable, silent past its timeout), and, with
+    ``hedge_after_s``, whenever that long passes with no call ended (None: one at a time); the
+    others are cancelled once one answers.
 
     Raises:
         _NoAnswer: every call failed so (naming ``said``).
-        ssl.SSLError, or any other error a call raises: at once, as the sequential walk does.
+        ssl.SSLError, or any other error a call raises: at once.
     """
     import asyncio
     import ssl

@@ -635,6 +635,9 @@ def test_status_asks_the_next_control_plane_while_a_silent_one_keeps_it_waiting(
         "ok2",
         ["started refused0", "started silent1", "started ok2", "cancelled silent1"],
     )
+    calls, log = _answers("refused", "ok", "silent")
+    assert asyncio.run(fast._first_answer(calls, None, "them")) == "ok1"  # one at a time
+    assert log == ["started refused0", "started ok1"]
     with pytest.raises(ssl.SSLError):
         asyncio.run(fast._first_answer(_answers("tls", "ok")[0], 10.0, "them"))
     with pytest.raises(fast._NoAnswer):
